@@ -1,0 +1,179 @@
+"""One loader for every LACUNA data source.
+
+A source is one of:
+
+* the dataset bundled with the package (the default: ``lacuna_tasks/data/default``);
+* a local directory of ``<split>.jsonl`` / ``<split>.parquet`` files in the schema of
+  :mod:`lacuna_tasks.schema` (what ``lacuna data generate`` and the testbed builder write),
+  optionally with ``profiles.jsonl``; a testbed directory whose ``data/`` holds those files works too;
+* a ``datasets`` dataset saved with ``save_to_disk`` in the released LACUNA layout (split names as
+  in :data:`~lacuna_tasks.schema.SPLITS`).
+
+The source is chosen per run: lm-eval ``--metadata '{"lacuna_data": "DIR"}'``, else the environment
+variable ``LACUNA_DATA``, else the bundled default. Every load carries a content fingerprint
+(SHA-256 over the canonical JSON of all splits), recorded in each result.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from lacuna_tasks.schema import SPLITS, LacunaDataError, get_field, validate_rows
+
+ENV_VAR = "LACUNA_DATA"
+METADATA_KEY = "lacuna_data"
+BUNDLED_DIR = Path(__file__).parent / "data" / "default"
+BUNDLED_NAME = "bundled:default"
+
+_CACHE: dict[tuple, LacunaData] = {}
+
+
+@dataclass
+class LacunaData:
+    """QA splits (validated) plus the optional profiles table, with provenance."""
+
+    source: str
+    fingerprint: str
+    splits: dict[str, list[dict[str, Any]]]
+    profiles: dict[str, dict[str, Any]] | None = None
+    files: dict[str, str] = field(default_factory=dict)
+
+    def rows(self, split: str, field_name: str | None = None) -> list[dict[str, Any]]:
+        """Rows of ``split`` (optionally one field); fails if the split is missing or empty."""
+        if split not in self.splits:
+            raise LacunaDataError(
+                f"{self.source}: no split {split!r} (found: {sorted(self.splits)}); expected files like {split}.jsonl"
+            )
+        rows = self.splits[split]
+        if field_name is not None:
+            column = get_field(field_name).column
+            rows = [r for r in rows if r["field"] == column]
+            if not rows:
+                raise LacunaDataError(
+                    f"{self.source}: split {split!r} ({self.files.get(split, split)}) has no rows for field {column!r}"
+                )
+        elif not rows:
+            raise LacunaDataError(f"{self.source}: split {split!r} ({self.files.get(split, split)}) is empty")
+        return rows
+
+    def provenance(self) -> dict[str, str]:
+        return {"source": self.source, "fingerprint": self.fingerprint}
+
+
+def resolve_source(metadata: Mapping[str, Any] | None = None) -> str:
+    """The data source for this run: metadata ``lacuna_data`` > ``$LACUNA_DATA`` > bundled default."""
+    value = (metadata or {}).get(METADATA_KEY) or os.environ.get(ENV_VAR) or BUNDLED_NAME
+    return str(value)
+
+
+def load_data(source: str | os.PathLike | None = None) -> LacunaData:
+    """Load and validate a LACUNA data source (cached per path and file modification times)."""
+    name = str(source) if source is not None else BUNDLED_NAME
+    path = BUNDLED_DIR if name == BUNDLED_NAME else Path(name).expanduser()
+    if not path.exists():
+        raise LacunaDataError(
+            f"LACUNA data path {str(path)!r} does not exist (set via --metadata lacuna_data or ${ENV_VAR})"
+        )
+    if not path.is_dir():
+        raise LacunaDataError(f"LACUNA data path {str(path)!r} is not a directory")
+    if (path / "data").is_dir() and not _split_files(path) and not (path / "dataset_dict.json").exists():
+        path = path / "data"  # a testbed directory
+    path = path.resolve()
+    stamp = tuple(sorted((p.name, p.stat().st_mtime_ns, p.stat().st_size) for p in path.iterdir() if p.is_file()))
+    key = (str(path), stamp)
+    if key not in _CACHE:
+        display = BUNDLED_NAME if path == BUNDLED_DIR.resolve() else str(path)
+        _CACHE[key] = _load_dir(path, display)
+    return _CACHE[key]
+
+
+def _split_files(path: Path) -> dict[str, Path]:
+    found: dict[str, Path] = {}
+    for split in SPLITS:
+        for suffix in (".jsonl", ".parquet"):
+            candidate = path / f"{split}{suffix}"
+            if candidate.is_file():
+                found[split] = candidate
+                break
+    return found
+
+
+def _load_dir(path: Path, display: str) -> LacunaData:
+    files = _split_files(path)
+    splits: dict[str, list[dict[str, Any]]] = {}
+    if files:
+        for split, file in files.items():
+            splits[split] = validate_rows(_read_table(file), source=str(file), split=split)
+    elif (path / "dataset_dict.json").exists():
+        import datasets
+
+        try:
+            dd = datasets.load_from_disk(str(path))
+        except Exception as exc:
+            raise LacunaDataError(f"{path}: not a readable datasets DatasetDict ({exc})") from exc
+        for split in dd:
+            if split in SPLITS:
+                splits[split] = validate_rows(dd[split].to_list(), source=str(path / split), split=split)
+                files[split] = path / split
+    if not splits:
+        raise LacunaDataError(
+            f"{path}: no LACUNA splits found; expected files named <split>.jsonl or <split>.parquet "
+            f"for splits {list(SPLITS)}, or a datasets DatasetDict saved with save_to_disk"
+        )
+    profiles = None
+    for name in ("profiles.jsonl", "profiles.parquet"):
+        if (path / name).is_file():
+            table = _read_table(path / name)
+            profiles = {}
+            for i, row in enumerate(table):
+                if "Unique ID" not in row:
+                    raise LacunaDataError(f"{path / name}: row {i} lacks column 'Unique ID'")
+                profiles[str(row["Unique ID"])] = row
+            break
+    return LacunaData(
+        source=display,
+        fingerprint=fingerprint(splits),
+        splits=splits,
+        profiles=profiles,
+        files={s: str(f) for s, f in files.items()},
+    )
+
+
+def _read_table(file: Path) -> list[dict[str, Any]]:
+    if file.suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        try:
+            return pq.read_table(file).to_pylist()
+        except Exception as exc:
+            raise LacunaDataError(f"{file}: unreadable parquet file ({exc})") from exc
+    rows = []
+    with file.open(encoding="utf-8") as fh:
+        for lineno, line in enumerate(fh, start=1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise LacunaDataError(f"{file}:{lineno}: malformed JSON ({exc.msg})") from None
+            if not isinstance(row, dict):
+                raise LacunaDataError(f"{file}:{lineno}: expected a JSON object, got {type(row).__name__}")
+            rows.append(row)
+    return rows
+
+
+def fingerprint(splits: Mapping[str, list[Mapping[str, Any]]]) -> str:
+    """SHA-256 over the canonical JSON of the splits (independent of file format and key order)."""
+    digest = hashlib.sha256()
+    for split in sorted(splits):
+        digest.update(split.encode())
+        for row in splits[split]:
+            digest.update(json.dumps(row, sort_keys=True, ensure_ascii=False).encode("utf-8"))
+            digest.update(b"\n")
+    return "sha256:" + digest.hexdigest()

@@ -1,0 +1,1 @@
+"""Training side of lacuna-bench: testbed builder, unlearning methods, relearning attacks, CLI."""
