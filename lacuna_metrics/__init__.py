@@ -1,0 +1,1 @@
+"""Reading weights: masks, checkpoint streams, localization scores, FRAG and behavioural metrics."""
