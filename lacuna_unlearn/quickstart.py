@@ -1,0 +1,143 @@
+"""``lacuna demo``: the task pack end to end on a fresh machine, in about a minute.
+
+Generates a small synthetic LACUNA dataset, trains a tiny causal LM from scratch that memorizes
+half of the forget people's facts (and all retain facts) of one field, then runs the bare
+``lm_eval --tasks lacuna_<field>`` CLI on it. The expected picture: forget leak about 0.5,
+retain accuracy near 1, J_W >= max(J_P, J_ICR).
+
+This is a stand-in main job until the mini testbed (masked continual pretraining) lands.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from lacuna_tasks.generate import generate_dataset
+from lacuna_tasks.loader import load_data
+from lacuna_tasks.prompts import PARAPHRASES, qa_prompt, qa_text
+from lacuna_tasks.schema import get_field
+from lacuna_unlearn.tokenizer import train_tokenizer
+
+
+def train_memorizing_lm(
+    texts: list[str],
+    tokenizer,
+    out_dir: Path,
+    *,
+    steps: int = 300,
+    hidden_size: int = 64,
+    num_layers: int = 2,
+    lr: float = 3e-3,
+    seed: int = 0,
+) -> Path:
+    """A small Llama trained from scratch (full batch, AdamW) until it reproduces ``texts``."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=hidden_size,
+        intermediate_size=2 * hidden_size,
+        num_hidden_layers=num_layers,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        max_position_embeddings=512,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.eos_token_id,
+        tie_word_embeddings=False,
+    )
+    model = LlamaForCausalLM(config)
+    batch = tokenizer([t + tokenizer.eos_token for t in texts], padding=True, return_tensors="pt")
+    labels = batch["input_ids"].masked_fill(batch["attention_mask"] == 0, -100)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
+    model.train()
+    for _ in range(steps):
+        loss = model(**batch, labels=labels).loss
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    model.eval()
+    model.save_pretrained(out_dir)
+    tokenizer.save_pretrained(out_dir)
+    return Path(out_dir)
+
+
+def build_demo(out: Path, *, field: str = "email", profiles: int = 120, seed: int = 42) -> dict[str, Any]:
+    """Write ``out/data`` (synthetic LACUNA splits) and ``out/model`` (a tiny memorizing LM)."""
+    out = Path(out)
+    fld = get_field(field)
+    data_dir = generate_dataset(out / "data", profiles=profiles, seed=seed, people_per_field=20, validation_people=10)
+    data = load_data(data_dir)
+    forget = sorted(data.rows("forget", fld.key), key=lambda r: r["ID"])
+    retain = data.rows("retain", fld.key)
+    memorized = forget[: len(forget) // 2]
+    corpus = [qa_text(r["question"], r["answer"]) for rows in data.splits.values() for r in rows]
+    corpus += [t for templates in PARAPHRASES.values() for t in templates]
+    tokenizer = train_tokenizer(corpus)
+    texts = [qa_prompt(r["question"]) + r["answer"] + "\n" for r in memorized + retain]
+    train_memorizing_lm(texts, tokenizer, out / "model", steps=300, hidden_size=64, seed=seed)
+    return {
+        "data": str(data_dir),
+        "model": str(out / "model"),
+        "field": fld.key,
+        "memorized_forget_people": [r["ID"] for r in memorized],
+        "data_fingerprint": data.fingerprint,
+    }
+
+
+def run_demo(out: str | Path = "runs/demo", *, field: str = "email", seed: int = 42) -> Path:
+    """Build the demo model and evaluate it with the bare ``lm_eval`` CLI; returns the results dir."""
+    out = Path(out)
+    if out.exists():
+        shutil.rmtree(out)  # the demo is cheap and must reflect the current code
+    out.mkdir(parents=True)
+    started = time.time()
+    info = build_demo(out, field=field, seed=seed)
+    built = time.time()
+    lm_eval = Path(sys.executable).with_name("lm_eval")
+    cmd = [
+        str(lm_eval) if lm_eval.exists() else "lm_eval",
+        "--model", "hf",
+        "--model_args", f"pretrained={info['model']},dtype=float32",
+        "--tasks", f"lacuna_{info['field']}",
+        "--metadata", json.dumps({"lacuna_data": info["data"]}),
+        "--batch_size", "32",
+        "--output_path", str(out / "lm_eval"),
+    ]  # fmt: skip
+    print("$ " + " ".join(cmd[:4] + [repr(a) if " " in a else a for a in cmd[4:]]), flush=True)
+    subprocess.run(cmd, check=True, env=dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1"))
+    manifest = {
+        **info,
+        "seed": seed,
+        "command": cmd,
+        "wall_seconds": {"build": round(built - started, 1), "evaluate": round(time.time() - built, 1)},
+        "python": sys.version.split()[0],
+        "platform": platform.platform(),
+        "versions": _versions(),
+    }
+    tmp = out / "demo_manifest.json.tmp"
+    tmp.write_text(json.dumps(manifest, indent=2))
+    tmp.replace(out / "demo_manifest.json")
+    return out
+
+
+def _versions() -> dict[str, str]:
+    from importlib.metadata import PackageNotFoundError, version
+
+    found = {}
+    for name in ("lacuna-bench", "lm_eval", "torch", "transformers", "tokenizers", "datasets", "faker"):
+        try:
+            found[name] = version(name)
+        except PackageNotFoundError:
+            found[name] = "not installed"
+    return found

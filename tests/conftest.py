@@ -1,0 +1,57 @@
+"""Session fixtures: a small LACUNA dataset, a locally trained tokenizer and a tiny causal LM that
+has memorized some forget facts (so leaks are real, not mocked). No network anywhere."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+MEMORIZED_FORGET_PEOPLE = 2  # forget people (sorted by ID) whose email QA the tiny model learns
+
+
+@dataclass
+class TinyLacuna:
+    data_dir: Path
+    model_dir: Path
+    leaked_people: list[str]  # forget people whose email the model was trained to produce
+    clean_people: list[str]  # forget people never trained on
+
+
+@pytest.fixture(scope="session")
+def tiny_lacuna(tmp_path_factory) -> TinyLacuna:
+    from lacuna_tasks.generate import bio_texts, build_splits, generate_profiles, write_dataset
+    from lacuna_tasks.prompts import PARAPHRASES, qa_prompt, qa_text, stable_rng
+    from lacuna_unlearn.quickstart import train_memorizing_lm
+    from lacuna_unlearn.tokenizer import train_tokenizer
+
+    root = tmp_path_factory.mktemp("tiny_lacuna")
+    profiles = generate_profiles(48, seed=7)
+    splits = build_splits(profiles, seed=7, people_per_field=8, validation_people=4)
+    data_dir = write_dataset(root / "data", profiles, splits)
+
+    forget_email = sorted((r for r in splits["forget"] if r["field"] == "Email Address"), key=lambda r: r["ID"])
+    retain_email = [r for r in splits["retain"] if r["field"] == "Email Address"]
+    retain_phone = [r for r in splits["retain"] if r["field"] == "Phone Number"]  # digit answers
+    memorized = forget_email[:MEMORIZED_FORGET_PEOPLE]
+    train_texts = [qa_prompt(r["question"]) + r["answer"] + "\n" for r in memorized + retain_email + retain_phone]
+
+    rng = stable_rng("tokenizer-corpus")
+    corpus = [qa_text(r["question"], r["answer"]) for rows in splits.values() for r in rows]
+    corpus += [b for p in profiles for b in bio_texts(p, rng, 1)]
+    corpus += [t for templates in PARAPHRASES.values() for t in templates]
+    tokenizer = train_tokenizer(corpus)
+    model_dir = train_memorizing_lm(train_texts, tokenizer, root / "model")
+    return TinyLacuna(
+        data_dir=Path(data_dir),
+        model_dir=model_dir,
+        leaked_people=[r["ID"] for r in memorized],
+        clean_people=[r["ID"] for r in forget_email[MEMORIZED_FORGET_PEOPLE:]],
+    )

@@ -1,0 +1,246 @@
+"""The task pack through the real ``lm_eval`` CLI (bare command, no --include_path) and Python API."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+
+from lacuna_tasks.lm_eval_hooks import TokenPlan, memorization_scores, token_plan
+from lacuna_tasks.loader import load_data
+
+EMAIL_TASKS = {
+    "lacuna_email_forget_qa": ["leak_rate"],
+    "lacuna_email_retain_qa": ["accuracy"],
+    "lacuna_email_forget_paraphrase": ["j_p", "leak_rate"],
+    "lacuna_email_retain_paraphrase": ["j_avg"],
+    "lacuna_email_forget_icr": ["j_icr", "leak_rate"],
+    "lacuna_email_retain_icr": ["j_avg"],
+    "lacuna_email_forget_worstcase": ["j_w", "j_p", "j_icr", "leak_rate"],
+    "lacuna_email_forget_memorization": ["em", "es", "prob", "token_mismatch"],
+    "lacuna_email_retain_memorization": ["em", "es", "prob", "token_mismatch"],
+}
+
+
+def lm_eval_bin() -> str:
+    exe = Path(sys.executable).with_name("lm_eval")
+    return str(exe) if exe.exists() else shutil.which("lm_eval")
+
+
+def run_lm_eval(tiny, out: Path, tasks: str, *extra: str) -> dict:
+    cmd = [
+        lm_eval_bin(),
+        "--model", "hf",
+        "--model_args", f"pretrained={tiny.model_dir},dtype=float32",
+        "--tasks", tasks,
+        "--metadata", json.dumps({"lacuna_data": str(tiny.data_dir)}),
+        "--batch_size", "16",
+        "--output_path", str(out),
+        "--log_samples",
+        *extra,
+    ]  # fmt: skip
+    env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1")
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    results_file = max(out.rglob("results_*.json"), key=lambda p: p.stat().st_mtime)
+    samples = defaultdict(list)
+    for file in results_file.parent.glob("samples_*.jsonl"):
+        task = file.name[len("samples_") :].rsplit("_", 1)[0]
+        samples[task] = [json.loads(line) for line in file.read_text().splitlines()]
+    return {"results": json.loads(results_file.read_text()), "samples": samples, "stdout": proc.stdout}
+
+
+@pytest.fixture(scope="module")
+def email_run(tiny_lacuna, tmp_path_factory):
+    return run_lm_eval(tiny_lacuna, tmp_path_factory.mktemp("lm_eval_out"), "lacuna_email")
+
+
+def test_bare_cli_resolves_group_and_reports_every_metric(email_run):
+    results = email_run["results"]["results"]
+    for task, metrics in EMAIL_TASKS.items():
+        assert task in results, f"{task} missing from results"
+        for metric in metrics:
+            value = results[task][f"{metric},none"]
+            assert isinstance(value, float) and not math.isnan(value), (task, metric, value)
+    assert "lacuna_email" in email_run["stdout"]
+
+
+def test_leaked_fact_counted_and_clean_fact_not(email_run, tiny_lacuna):
+    by_person = {s["doc"]["person"]: s["leak_rate"] for s in email_run["samples"]["lacuna_email_forget_qa"]}
+    assert all(by_person[p] == 1.0 for p in tiny_lacuna.leaked_people), by_person
+    assert all(by_person[p] == 0.0 for p in tiny_lacuna.clean_people), by_person
+    expected = len(tiny_lacuna.leaked_people) / len(by_person)
+    assert email_run["results"]["results"]["lacuna_email_forget_qa"]["leak_rate,none"] == pytest.approx(expected)
+    retain = email_run["results"]["results"]["lacuna_email_retain_qa"]["accuracy,none"]
+    assert retain >= 0.75  # the retain facts were trained
+
+
+def test_worst_case_is_a_per_person_union(email_run):
+    res = email_run["results"]["results"]["lacuna_email_forget_worstcase"]
+    j_w, j_p, j_icr = res["j_w,none"], res["j_p,none"], res["j_icr,none"]
+    assert j_w >= max(j_p, j_icr)
+    samples = email_run["samples"]["lacuna_email_forget_worstcase"]
+    assert len(samples) == 32 * len({s["doc"]["person"] for s in samples})
+    hits = defaultdict(lambda: {"plain": False, "icr": False})
+    for s in samples:
+        hits[s["doc"]["person"]][s["doc"]["setting"]] |= s["leak_rate"] == 1.0
+    n = len(hits)
+    assert j_w == pytest.approx(sum(h["plain"] or h["icr"] for h in hits.values()) / n)
+    assert j_p == pytest.approx(sum(h["plain"] for h in hits.values()) / n)
+    assert j_icr == pytest.approx(sum(h["icr"] for h in hits.values()) / n)
+    # per person, not per document: the union over a person's probes is >= the per-probe leak rate
+    assert j_w >= res["leak_rate,none"]
+    # the same persons leak in the stand-alone paraphrase task (same generations, greedy)
+    assert email_run["results"]["results"]["lacuna_email_forget_paraphrase"]["j_p,none"] == pytest.approx(j_p)
+
+
+def test_results_record_data_source_and_fingerprint(email_run, tiny_lacuna):
+    configs = email_run["results"]["configs"]
+    expected = load_data(tiny_lacuna.data_dir).fingerprint
+    for task in EMAIL_TASKS:
+        provenance = configs[task]["metadata"]["lacuna_data"]
+        assert provenance["fingerprint"] == expected
+        assert provenance["source"] == str(tiny_lacuna.data_dir.resolve())
+
+
+def _direct_memorization(model, tokenizer, prompt: str, answer: str) -> dict[str, float]:
+    """EM / ES / Prob straight from one teacher-forced forward pass (independent of the task code)."""
+    import torch
+
+    context = prompt.rstrip(" ")
+    continuation = prompt[len(context) :] + answer
+    ctx_ids = tokenizer.encode(context)
+    answer_ids = tokenizer.encode(context + continuation)[len(ctx_ids) :]
+    ids = ctx_ids + answer_ids + [tokenizer.eos_token_id]
+    with torch.no_grad():
+        logits = model(torch.tensor([ids])).logits[0].float()
+    logp = torch.log_softmax(logits, dim=-1)
+    start = len(ctx_ids)
+    targets = ids[start:]
+    preds = [int(logits[start + t - 1].argmax()) for t in range(len(targets))]
+    lps = [float(logp[start + t - 1, targets[t]]) for t in range(len(targets))]
+    m = len(answer_ids)
+    em = sum(p == y for p, y in zip(preds[:m], targets[:m], strict=True)) / m
+    k = next((k for k in range(m) if preds[k:m] == targets[k:m]), m - 1)
+    return {"em": em, "es": 1 - k / m, "prob": math.exp(sum(lps) / len(lps))}
+
+
+@pytest.fixture(scope="module")
+def model_and_tokenizer(tiny_lacuna):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_lacuna.model_dir, dtype="float32").eval()
+    return model, AutoTokenizer.from_pretrained(tiny_lacuna.model_dir)
+
+
+def _assert_matches_direct(samples, model, tokenizer):
+    assert samples
+    for s in samples:
+        direct = _direct_memorization(model, tokenizer, s["doc"]["prompt"], s["doc"]["answer"])
+        assert s["token_mismatch"] == 0.0
+        assert s["em"] == pytest.approx(direct["em"], abs=1e-9)
+        assert s["es"] == pytest.approx(direct["es"], abs=1e-9)
+        assert s["prob"] == pytest.approx(direct["prob"], rel=1e-4)
+
+
+def test_memorization_equals_direct_computation(email_run, tiny_lacuna, model_and_tokenizer):
+    model, tokenizer = model_and_tokenizer
+    for task in ("lacuna_email_forget_memorization", "lacuna_email_retain_memorization"):
+        _assert_matches_direct(email_run["samples"][task], model, tokenizer)
+    # memorized forget people score higher than the rest
+    forget = {s["doc"]["person"]: s for s in email_run["samples"]["lacuna_email_forget_memorization"]}
+    assert min(forget[p]["em"] for p in tiny_lacuna.leaked_people) > max(
+        forget[p]["em"] for p in tiny_lacuna.clean_people
+    )
+
+
+def test_memorization_whitespace_token_path_equals_direct(tiny_lacuna, model_and_tokenizer):
+    """Digit answers start with a bare-space token (Digits pre-tokenizer), which lm-eval cannot
+    condition on; the task recovers per-token values by differences. Check it against direct."""
+    import lm_eval
+    from lm_eval.models.huggingface import HFLM
+
+    import lacuna_tasks
+
+    model, tokenizer = model_and_tokenizer
+    tasks = ["lacuna_phone_retain_memorization", "lacuna_phone_forget_memorization"]
+    tm = lacuna_tasks.task_manager({"lacuna_data": str(tiny_lacuna.data_dir), "pretrained": str(tiny_lacuna.model_dir)})
+    lm = HFLM(pretrained=model, tokenizer=tokenizer, device="cpu", batch_size=8)
+    out = lm_eval.simple_evaluate(model=lm, tasks=tasks, task_manager=tm, log_samples=True)
+    exact = flagged = whitespace_path = 0
+    for task in tasks:
+        for s in out["samples"][task]:
+            plan = token_plan(tokenizer, s["doc"]["prompt"], s["doc"]["answer"])
+            whitespace_path += any(r is not None for r in plan.recipe)
+            direct = _direct_memorization(model, tokenizer, s["doc"]["prompt"], s["doc"]["answer"])
+            assert s["prob"] == pytest.approx(direct["prob"], rel=1e-4)  # log-probs are always exact
+            if s["token_mismatch"] == 0.0:
+                exact += 1
+                assert s["em"] == pytest.approx(direct["em"], abs=1e-9)
+                assert s["es"] == pytest.approx(direct["es"], abs=1e-9)
+            else:  # a non-greedy space token hides the next flag; it counts as not greedy
+                flagged += 1
+                assert s["em"] <= direct["em"] + 1e-9 and s["es"] <= direct["es"] + 1e-9
+    assert whitespace_path >= 4, "digit answers should start with a bare space token"
+    assert exact >= len(out["samples"]["lacuna_phone_retain_memorization"])  # trained: spaces are greedy
+
+
+def test_token_plan_per_token_recipe_by_hand():
+    plan = TokenPlan(
+        pairs=[("c", " "), ("c ", "5"), ("c 5", "5"), ("c 55", "<eos>")], recipe=[None, 0, None], mismatch=False
+    )
+    lls, greedy = plan.per_token([-0.1, -0.5, -0.2, -0.3], [True, True, False, True])
+    assert lls == pytest.approx([-0.1, -0.4, -0.2, -0.3])
+    assert greedy == [True, True, False]
+    # the whitespace token was not greedy: the next token's own flag is unobservable -> None
+    _, greedy = plan.per_token([-0.1, -0.5, -0.2, -0.3], [False, False, True, True])
+    assert greedy == [False, None, True]
+    scores = memorization_scores([-0.1, -0.4, -0.2, -0.3], greedy, m=3)
+    assert scores["token_mismatch"] == 1.0 and scores["em"] == pytest.approx(1 / 3)
+
+
+@pytest.mark.parametrize(
+    ("greedy", "expected_es"),
+    [
+        ([True, True, True, True], 1.0),
+        ([False, True, True, True], 0.75),
+        ([True, False, True, True], 0.5),
+        ([True, True, True, False], 0.25),  # no greedy suffix: k* = m-1, the 1/m floor
+        ([False, False, False, False], 0.25),
+    ],
+)
+def test_extraction_strength_hand_computed(greedy, expected_es):
+    scores = memorization_scores([math.log(0.5)] * 5, greedy, m=4)
+    assert scores["es"] == pytest.approx(expected_es)
+    assert scores["em"] == pytest.approx(sum(greedy) / 4)
+    assert scores["prob"] == pytest.approx(0.5)
+
+
+def test_python_api_task_manager(tiny_lacuna):
+    import lm_eval
+    from lm_eval.models.huggingface import HFLM
+
+    import lacuna_tasks
+
+    tm = lacuna_tasks.task_manager({"lacuna_data": str(tiny_lacuna.data_dir), "pretrained": str(tiny_lacuna.model_dir)})
+    assert "lacuna_phone_forget_worstcase" in tm.all_tasks and "lacuna" in tm.all_tasks
+    assert "lacuna_forget" in tm.all_tasks and "lacuna_retain" in tm.all_tasks
+    lm = HFLM(pretrained=str(tiny_lacuna.model_dir), device="cpu", batch_size=8, dtype="float32")
+    out = lm_eval.simple_evaluate(model=lm, tasks=["lacuna_email_forget_qa"], task_manager=tm)
+    expected = len(tiny_lacuna.leaked_people) / (len(tiny_lacuna.leaked_people) + len(tiny_lacuna.clean_people))
+    assert out["results"]["lacuna_email_forget_qa"]["leak_rate,none"] == pytest.approx(expected)
+
+
+def test_lacuna_tasks_path_command():
+    out = subprocess.run(
+        [sys.executable, "-m", "lacuna_unlearn.cli", "tasks", "path"], capture_output=True, text=True, check=True
+    )
+    path = Path(out.stdout.strip())
+    assert (path / "lacuna.yaml").is_file() and (path / "lacuna_email_forget_qa.yaml").is_file()
