@@ -40,6 +40,38 @@ def _demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def _build_testbed(args: argparse.Namespace) -> int:
+    from lacuna_unlearn.testbed import build_testbed
+
+    out = build_testbed(
+        args.out,
+        preset=args.preset,
+        seed=args.seed,
+        unmasked=args.unmasked,
+        model=args.model,
+        overrides=_parse_overrides(args.set),
+        force=args.force,
+    )
+    print(f"testbed written to {out}")
+    return 0
+
+
+def _parse_overrides(items: Sequence[str]) -> dict[str, object]:
+    """``key=value`` pairs; values parsed as JSON when possible (numbers, booleans, lists)."""
+    import json
+
+    overrides: dict[str, object] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ValueError(f"--set expects key=value, got {item!r}")
+        try:
+            overrides[key] = json.loads(value)
+        except json.JSONDecodeError:
+            overrides[key] = value
+    return overrides
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="lacuna", description="lacuna-bench: measure whether unlearning erased it.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -55,9 +87,23 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--profiles", type=int, default=1200, help="number of profiles (LACUNA: 1200)")
     gen.add_argument("--seed", type=int, default=42)
     gen.add_argument("--out", required=True, help="output directory (must be new or a previous dataset)")
-    gen.add_argument("--people-per-field", type=int, default=100, help="forget+retain people per field")
-    gen.add_argument("--validation-people", type=int, default=100, help="validation people (email, licence)")
+    gen.add_argument(
+        "--people-per-field", type=int, default=100, help="people per field on each side (forget and retain)"
+    )
+    gen.add_argument(
+        "--validation-people", type=int, default=100, help="validation people per side (email and licence fields)"
+    )
     gen.set_defaults(func=_data_generate)
+
+    tb = sub.add_parser("build-testbed", help="build a LACUNA testbed (masked PII injection with ground-truth masks)")
+    tb.add_argument("--preset", default="mini", choices=["smoke", "mini", "lacuna"])
+    tb.add_argument("--out", required=True, help="output directory (built in OUT.partial, renamed when done)")
+    tb.add_argument("--seed", type=int, default=None)
+    tb.add_argument("--unmasked", action="store_true", help="control regime: the same pipeline without masks")
+    tb.add_argument("--model", default=None, help="start from this local HF checkpoint instead of a from-scratch model")
+    tb.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a preset setting")
+    tb.add_argument("--force", action="store_true", help="replace an existing OUT")
+    tb.set_defaults(func=_build_testbed)
 
     demo = sub.add_parser(
         "demo", help="tiny end-to-end run: synthetic data, a memorizing LM, lm_eval --tasks lacuna_<field>"
@@ -74,7 +120,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return args.func(args)
-    except (ValueError, FileNotFoundError) as exc:  # our errors name the file/field at fault
+    except (ValueError, FileNotFoundError, FileExistsError) as exc:  # our errors name the file/field at fault
         print(f"lacuna: error: {exc}", file=sys.stderr)
         return 2
 

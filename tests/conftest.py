@@ -55,3 +55,11 @@ def tiny_lacuna(tmp_path_factory) -> TinyLacuna:
         leaked_people=[r["ID"] for r in memorized],
         clean_people=[r["ID"] for r in forget_email[MEMORIZED_FORGET_PEOPLE:]],
     )
+
+
+@pytest.fixture(scope="session")
+def smoke_testbed(tmp_path_factory) -> Path:
+    """The smoke testbed, built once per test session (masked injection, QA tuning, splits)."""
+    from lacuna_unlearn.testbed import build_testbed
+
+    return build_testbed(tmp_path_factory.mktemp("testbeds") / "smoke", preset="smoke")
