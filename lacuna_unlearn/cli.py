@@ -35,7 +35,7 @@ def _data_generate(args: argparse.Namespace) -> int:
 def _demo(args: argparse.Namespace) -> int:
     from lacuna_unlearn.quickstart import run_demo
 
-    out = run_demo(args.out, field=args.field, seed=args.seed)
+    out = run_demo(args.out, preset=args.preset, field=args.field, seed=args.seed)
     print(f"demo results in {out}")
     return 0
 
@@ -105,12 +105,11 @@ def build_parser() -> argparse.ArgumentParser:
     tb.add_argument("--force", action="store_true", help="replace an existing OUT")
     tb.set_defaults(func=_build_testbed)
 
-    demo = sub.add_parser(
-        "demo", help="tiny end-to-end run: synthetic data, a memorizing LM, lm_eval --tasks lacuna_<field>"
-    )
+    demo = sub.add_parser("demo", help="build (or reuse) the mini testbed and run lm_eval --tasks lacuna_<field> on it")
     demo.add_argument("--out", default="runs/demo")
+    demo.add_argument("--preset", default="mini", choices=["smoke", "mini"])
     demo.add_argument("--field", default="email", choices=["email", "phone", "birth_city", "drivers_license"])
-    demo.add_argument("--seed", type=int, default=42)
+    demo.add_argument("--seed", type=int, default=None)
     demo.set_defaults(func=_demo)
     return parser
 

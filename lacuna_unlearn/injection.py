@@ -225,6 +225,7 @@ def train_steps(
         remove_unused_columns=False,
         dataloader_num_workers=0,
         dataloader_pin_memory=False,
+        use_cpu=not torch.cuda.is_available(),
         disable_tqdm=False,
     )
     trainer = MaskedTrainer(

@@ -107,6 +107,7 @@ def qa_tune(
         data_seed=seed,
         remove_unused_columns=False,
         dataloader_pin_memory=False,
+        use_cpu=not torch.cuda.is_available(),
     )
     trainer = Trainer(model=peft_model, args=args, train_dataset=data, data_collator=data.collate)
     result = trainer.train()

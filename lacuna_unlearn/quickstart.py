@@ -1,11 +1,11 @@
-"""``lacuna demo``: the task pack end to end on a fresh machine, in about a minute.
+"""``lacuna demo``: the main job on the embedded default, and tiny memorizing models for tests.
 
-Generates a small synthetic LACUNA dataset, trains a tiny causal LM from scratch that memorizes
-half of the forget people's facts (and all retain facts) of one field, then runs the bare
-``lm_eval --tasks lacuna_<field>`` CLI on it. The expected picture: forget leak about 0.5,
-retain accuracy near 1, J_W >= max(J_P, J_ICR).
+``run_demo`` builds (or reuses) the mini LACUNA testbed and evaluates its model with the bare
+``lm_eval --tasks lacuna_<field>`` CLI on the testbed's own data. Unlearning, scoring and the
+report join this run as ``lacuna run`` lands.
 
-This is a stand-in main job until the mini testbed (masked continual pretraining) lands.
+``build_demo`` / ``train_memorizing_lm`` make a tiny LM that memorizes half of the forget people's
+facts in seconds, for tests and the lm-eval benchmark.
 """
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import os
 import platform
-import shutil
 import subprocess
 import sys
 import time
@@ -95,32 +94,43 @@ def build_demo(out: Path, *, field: str = "email", profiles: int = 120, seed: in
     }
 
 
-def run_demo(out: str | Path = "runs/demo", *, field: str = "email", seed: int = 42) -> Path:
-    """Build the demo model and evaluate it with the bare ``lm_eval`` CLI; returns the results dir."""
+def run_demo(
+    out: str | Path = "runs/demo", *, preset: str = "mini", field: str = "email", seed: int | None = None
+) -> Path:
+    """Build or reuse ``out/testbed`` and evaluate its model with ``lm_eval --tasks lacuna_<field>``."""
+    from lacuna_unlearn.testbed import build_testbed
+    from lacuna_unlearn.testbed_presets import get_preset
+
     out = Path(out)
-    if out.exists():
-        shutil.rmtree(out)  # the demo is cheap and must reflect the current code
-    out.mkdir(parents=True)
+    testbed = out / "testbed"
+    wanted = get_preset(preset) if seed is None else get_preset(preset, seed=seed)
     started = time.time()
-    info = build_demo(out, field=field, seed=seed)
+    manifest_file = testbed / "manifest.json"
+    reused = manifest_file.exists() and json.loads(manifest_file.read_text()).get("config") == wanted.to_dict()
+    if reused:
+        print(f"reusing the {preset} testbed in {testbed} (same settings)", flush=True)
+    else:
+        build_testbed(testbed, preset=preset, seed=seed, force=True)
     built = time.time()
     lm_eval = Path(sys.executable).with_name("lm_eval")
     cmd = [
         str(lm_eval) if lm_eval.exists() else "lm_eval",
         "--model", "hf",
-        "--model_args", f"pretrained={info['model']},dtype=float32",
-        "--tasks", f"lacuna_{info['field']}",
-        "--metadata", json.dumps({"lacuna_data": info["data"]}),
+        "--model_args", f"pretrained={testbed / 'model'},dtype=float32",
+        "--tasks", f"lacuna_{get_field(field).key}",
+        "--metadata", json.dumps({"lacuna_data": str(testbed / "data")}),
         "--batch_size", "32",
         "--output_path", str(out / "lm_eval"),
     ]  # fmt: skip
     print("$ " + " ".join(cmd[:4] + [repr(a) if " " in a else a for a in cmd[4:]]), flush=True)
     subprocess.run(cmd, check=True, env=dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1"))
     manifest = {
-        **info,
-        "seed": seed,
+        "testbed": str(testbed),
+        "preset": preset,
+        "field": field,
+        "testbed_reused": reused,
         "command": cmd,
-        "wall_seconds": {"build": round(built - started, 1), "evaluate": round(time.time() - built, 1)},
+        "wall_seconds": {"testbed": round(built - started, 1), "evaluate": round(time.time() - built, 1)},
         "python": sys.version.split()[0],
         "platform": platform.platform(),
         "versions": _versions(),

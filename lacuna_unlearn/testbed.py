@@ -63,7 +63,9 @@ def build_testbed(
     """Build a testbed into ``out`` and return its path (see the module docstring for the layout)."""
     from accelerate import PartialState
 
-    state = PartialState()
+    # cpu=True is what makes accelerate treat torchrun / `accelerate launch --multi_gpu` workers on a
+    # machine without GPUs as one multi-CPU (gloo) job instead of independent single processes.
+    state = PartialState(cpu=not torch.cuda.is_available())
     if state.num_processes > 1:  # share the cores between processes instead of oversubscribing them
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // state.num_processes))
     cfg = get_preset(preset, **(overrides or {}))

@@ -141,11 +141,12 @@ def test_unknown_preset_and_setting():
 
 
 def test_two_process_cpu_build(tmp_path):
-    """`accelerate launch --num_processes 2 --cpu` (gloo) produces a valid smoke testbed."""
+    """`accelerate launch --multi_gpu --num_processes 2` on a CPU-only machine (gloo) produces a valid smoke
+    testbed. (`--cpu` would make accelerate start a single process unless MPI is available.)"""
     accelerate = Path(sys.executable).with_name("accelerate")
     out = tmp_path / "ddp"
     cmd = [
-        str(accelerate), "launch", "--cpu", "--num_processes", "2", "--num_machines", "1",
+        str(accelerate), "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
         "--mixed_precision", "no", "--dynamo_backend", "no",
         "-m", "lacuna_unlearn.cli", "build-testbed", "--preset", "smoke", "--out", str(out),
     ]  # fmt: skip
@@ -162,9 +163,7 @@ def test_unmasked_control_regime(tmp_path):
     """`--unmasked`: the identical pipeline without masks; PII updates reach weights outside every mask."""
     from safetensors.torch import load_file
 
-    out = build_testbed(
-        tmp_path / "ctl", preset="smoke", unmasked=True, overrides={"base_steps": 150, "pii_steps": 400}
-    )
+    out = build_testbed(tmp_path / "ctl", preset="smoke", unmasked=True)
     manifest = _manifest(out)
     assert manifest["regime"] == "unmasked"
     masks = load_masks(out / "masks.safetensors")  # the masks the masked run would use, for contrast scores

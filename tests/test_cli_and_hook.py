@@ -1,0 +1,72 @@
+"""The `lacuna` CLI's data/tasks commands and the lm-eval registration hook's guards."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import types
+
+import pytest
+
+import _lacuna_lmeval_hook as hook
+from lacuna_tasks import tasks_dir
+from lacuna_tasks.loader import load_data
+
+
+def _lacuna(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "lacuna_unlearn.cli", *args], capture_output=True, text=True)
+
+
+def test_data_generate_command(tmp_path):
+    out = tmp_path / "gen"
+    proc = _lacuna("data", "generate", "--profiles", "60", "--seed", "3", "--people-per-field", "4",
+                   "--validation-people", "2", "--out", str(out))  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    data = load_data(out)
+    assert len(data.rows("forget", "email")) == 4 and len(data.rows("retain", "email")) == 4
+    assert data.profiles is not None and len(data.profiles) == 60
+
+
+def test_data_generate_bad_input_is_a_clear_error(tmp_path):
+    proc = _lacuna("data", "generate", "--profiles", "5", "--out", str(tmp_path / "x"))
+    assert proc.returncode == 2
+    assert "n >= 12" in proc.stderr and "Traceback" not in proc.stderr
+    assert not (tmp_path / "x").exists()  # nothing half-written
+
+
+def _fake_manager(discovered=None):
+    module = types.ModuleType("fake_manager")
+
+    class TaskManager:
+        def __init__(self, verbosity=None, include_path=None, include_defaults=True, metadata=None):
+            self.include_path = include_path
+
+    module.TaskManager = TaskManager
+    if discovered is not None:
+        module.discover_plugin_task_paths = lambda: discovered
+    return module
+
+
+def test_hook_prepends_our_dir_and_keeps_user_paths():
+    module = _fake_manager()
+    hook._patch(module)
+    ours = str(tasks_dir())
+    assert module.TaskManager().include_path == [ours]
+    assert module.TaskManager(None, "/user/tasks").include_path == [ours, "/user/tasks"]
+    assert module.TaskManager(include_path=["/a", "/b"]).include_path == [ours, "/a", "/b"]
+    assert module.TaskManager(include_path=[ours]).include_path == [ours]  # no duplicates
+    hook._patch(module)  # idempotent
+    assert module.TaskManager().include_path == [ours]
+
+
+@pytest.mark.parametrize(("discovered", "patched"), [([], True), (["/elsewhere"], True), (None, True)])
+def test_hook_patches_unless_lm_eval_discovers_our_entry_point(discovered, patched):
+    module = _fake_manager(discovered)
+    hook._patch(module)
+    assert (module.TaskManager().include_path is not None) is patched
+
+
+def test_hook_is_a_no_op_once_lm_eval_discovers_our_tasks():
+    module = _fake_manager([str(tasks_dir())])
+    hook._patch(module)
+    assert module.TaskManager().include_path is None
