@@ -25,25 +25,15 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=60)
     args = parser.parse_args()
 
-    from transformers import Olmo2Config, Olmo2ForCausalLM
+    from transformers import Olmo2ForCausalLM
 
     from lacuna_metrics.masks import build_masks, named_shapes_of
     from lacuna_unlearn.injection import StepBatches, StepPlan, mask_gradients, train_steps
+    from lacuna_unlearn.testbed import model_config
     from lacuna_unlearn.testbed_presets import get_preset
 
     cfg = get_preset(args.preset)
-    config = Olmo2Config(
-        vocab_size=cfg.vocab_size,
-        hidden_size=cfg.hidden_size,
-        intermediate_size=cfg.intermediate_size,
-        num_hidden_layers=cfg.num_layers,
-        num_attention_heads=cfg.num_heads,
-        num_key_value_heads=cfg.num_heads,
-        pad_token_id=0,
-        eos_token_id=1,
-        bos_token_id=1,
-        tie_word_embeddings=False,
-    )
+    config = model_config(cfg, cfg.vocab_size, pad_id=0, eos_id=1)
     torch.manual_seed(0)
     template = Olmo2ForCausalLM(config)
     masks = build_masks(

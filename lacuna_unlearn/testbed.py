@@ -232,7 +232,7 @@ def _build(out: Path, partial: Path, cfg: TestbedConfig, state, *, unmasked: boo
 
 
 def _tokenizer_and_model(cfg: TestbedConfig, corpus: TestbedCorpus, model: str | None):
-    from transformers import AutoModelForCausalLM, AutoTokenizer, Olmo2Config, Olmo2ForCausalLM
+    from transformers import AutoModelForCausalLM, AutoTokenizer, Olmo2ForCausalLM
 
     if model is not None:
         tokenizer = AutoTokenizer.from_pretrained(model)
@@ -241,20 +241,27 @@ def _tokenizer_and_model(cfg: TestbedConfig, corpus: TestbedCorpus, model: str |
         net = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32)
         return tokenizer, net
     tokenizer = train_tokenizer(corpus.tokenizer_texts(), vocab_size=cfg.vocab_size)
-    config = Olmo2Config(
-        vocab_size=len(tokenizer),
+    config = model_config(cfg, len(tokenizer), pad_id=tokenizer.pad_token_id, eos_id=tokenizer.eos_token_id)
+    return tokenizer, Olmo2ForCausalLM(config)
+
+
+def model_config(cfg: TestbedConfig, vocab_size: int, *, pad_id: int, eos_id: int):
+    """The from-scratch Olmo2 architecture of a preset (untied head, as OLMo-2)."""
+    from transformers import Olmo2Config
+
+    return Olmo2Config(
+        vocab_size=vocab_size,
         hidden_size=cfg.hidden_size,
         intermediate_size=cfg.intermediate_size,
         num_hidden_layers=cfg.num_layers,
         num_attention_heads=cfg.num_heads,
         num_key_value_heads=cfg.num_heads,
         max_position_embeddings=max(512, cfg.seq_len),
-        pad_token_id=tokenizer.pad_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        bos_token_id=tokenizer.eos_token_id,
+        pad_token_id=pad_id,
+        eos_token_id=eos_id,
+        bos_token_id=eos_id,
         tie_word_embeddings=False,
     )
-    return tokenizer, Olmo2ForCausalLM(config)
 
 
 def _num_layers(net) -> int:
