@@ -25,6 +25,8 @@ from lacuna_tasks.prompts import PARAPHRASES, qa_prompt, qa_text
 from lacuna_tasks.schema import get_field
 from lacuna_unlearn.tokenizer import train_tokenizer
 
+DEMO_PACKAGES = ("lacuna-bench", "lm_eval", "torch", "transformers", "tokenizers", "datasets", "faker")
+
 
 def train_memorizing_lm(
     texts: list[str],
@@ -98,7 +100,7 @@ def run_demo(
     out: str | Path = "runs/demo", *, preset: str = "mini", field: str = "email", seed: int | None = None
 ) -> Path:
     """Build or reuse ``out/testbed`` and evaluate its model with ``lm_eval --tasks lacuna_<field>``."""
-    from lacuna_unlearn.testbed import build_testbed
+    from lacuna_unlearn.testbed import build_testbed, package_versions, write_json
     from lacuna_unlearn.testbed_presets import get_preset
 
     out = Path(out)
@@ -133,21 +135,7 @@ def run_demo(
         "wall_seconds": {"testbed": round(built - started, 1), "evaluate": round(time.time() - built, 1)},
         "python": sys.version.split()[0],
         "platform": platform.platform(),
-        "versions": _versions(),
+        "versions": package_versions(DEMO_PACKAGES),
     }
-    tmp = out / "demo_manifest.json.tmp"
-    tmp.write_text(json.dumps(manifest, indent=2))
-    tmp.replace(out / "demo_manifest.json")
+    write_json(out / "demo_manifest.json", manifest)
     return out
-
-
-def _versions() -> dict[str, str]:
-    from importlib.metadata import PackageNotFoundError, version
-
-    found = {}
-    for name in ("lacuna-bench", "lm_eval", "torch", "transformers", "tokenizers", "datasets", "faker"):
-        try:
-            found[name] = version(name)
-        except PackageNotFoundError:
-            found[name] = "not installed"
-    return found

@@ -220,11 +220,11 @@ def _build(out: Path, partial: Path, cfg: TestbedConfig, state, *, unmasked: boo
             "timings_seconds": {**timings, "total": round(sum(timings.values()), 1)},
             "processes": state.num_processes,
             "torch_threads": torch.get_num_threads(),
-            "versions": _versions(),
+            "versions": package_versions(),
             "platform": platform.platform(),
             "python": sys.version.split()[0],
         }
-        _write_json(partial / "manifest.json", manifest)
+        write_json(partial / "manifest.json", manifest)
         if out.exists():
             shutil.rmtree(out)
         partial.rename(out)
@@ -417,11 +417,15 @@ def trivial_detector_aucs(
     return out
 
 
-def _versions() -> dict[str, str]:
+TESTBED_PACKAGES = ("lacuna-bench", "torch", "transformers", "peft", "accelerate", "tokenizers", "faker")
+
+
+def package_versions(names: tuple[str, ...] = TESTBED_PACKAGES) -> dict[str, str]:
+    """Installed versions of ``names`` for manifests ("not installed" when absent)."""
     from importlib.metadata import PackageNotFoundError, version
 
     found = {}
-    for name in ("lacuna-bench", "torch", "transformers", "peft", "accelerate", "tokenizers", "faker"):
+    for name in names:
         try:
             found[name] = version(name)
         except PackageNotFoundError:
@@ -429,7 +433,8 @@ def _versions() -> dict[str, str]:
     return found
 
 
-def _write_json(path: Path, content: dict[str, Any]) -> None:
+def write_json(path: Path, content: dict[str, Any]) -> None:
+    """Write ``content`` as JSON atomically (temp file + rename)."""
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps(content, indent=2, default=str))
     os.replace(tmp, path)
