@@ -38,6 +38,7 @@ __all__ = [
     "LACUNA_RELEASE_PATTERN",
     "MAX_GROUPS",
     "MaskError",
+    "MaskReader",
     "MaskSet",
     "build_masks",
     "component",
@@ -689,3 +690,89 @@ def trivial_mask_stats(maskset: MaskSet, total_params: int | None = None) -> dic
         stats["total_params"] = total_params
         stats["group_fraction_of_total"] = [c / total_params for c in counts]
     return stats
+
+
+# --------------------------------------------------------------------------------------------------
+# Streaming access for scorers
+
+
+class MaskReader:
+    """Packed masks read tensor by tensor, so scoring a 7B pair never holds all masks at once.
+
+    Our safetensors files are read in row blocks from disk. A released ``mask.pt`` (a pickle) is
+    loaded whole with ``torch.load(weights_only=True)`` and its flat vectors are reshaped on read.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        forget_groups: tuple[int, ...] | None = None,
+        retain_groups: tuple[int, ...] | None = None,
+    ) -> None:
+        from lacuna_metrics.checkpoints import Checkpoint, CheckpointError
+
+        self.path = Path(path)
+        if not self.path.is_file():
+            raise FileNotFoundError(f"mask file not found: {self.path}")
+        self._memory: MaskSet | None = None
+        self._file: Checkpoint | None = None
+        if _sniff(self.path) == "torch":
+            self._memory = load_masks(self.path, forget_groups=forget_groups, retain_groups=retain_groups)
+            meta = self._memory
+            self.num_groups, self.forget_groups, self.retain_groups = (
+                meta.num_groups,
+                meta.forget_groups,
+                meta.retain_groups,
+            )
+            self.names = list(meta.packed)
+        else:
+            try:
+                with safe_open(str(self.path), framework="pt", device="cpu") as fh:
+                    metadata = fh.metadata() or {}
+                self._file = Checkpoint(self.path)
+            except (SafetensorError, OSError, CheckpointError) as exc:
+                raise MaskError(f"{self.path} is not a readable safetensors mask file: {exc}") from exc
+            missing = [k for k in _REQUIRED_METADATA if k not in metadata]
+            if missing or metadata.get("format") != FORMAT_NAME:
+                raise MaskError(f"{self.path}: missing metadata {missing or ['format']}; not a {FORMAT_NAME} file")
+            try:
+                self.num_groups = int(metadata["num_groups"])
+            except ValueError as exc:
+                raise MaskError(f"{self.path}: malformed metadata num_groups: {exc}") from exc
+            self.forget_groups = forget_groups or _parse_groups(self.path, "forget_groups", metadata["forget_groups"])
+            self.retain_groups = retain_groups or _parse_groups(self.path, "retain_groups", metadata["retain_groups"])
+            for name in self._file.names:
+                if self._file.info(name).dtype != torch.int32:
+                    raise MaskError(f"{self.path}: tensor {name!r} is not int32")
+            self.names = list(self._file.names)
+        self.forget_bits = group_bits(self.forget_groups or ())
+        self.retain_bits = group_bits(self.retain_groups or ())
+
+    def numel(self, name: str) -> int:
+        if self._memory is not None:
+            return int(self._memory.packed[name].numel())
+        assert self._file is not None
+        return self._file.info(name).numel
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        if self._memory is not None:
+            return tuple(self._memory.packed[name].shape)
+        assert self._file is not None
+        return self._file.shape(name)
+
+    def read(self, name: str, shape: tuple[int, ...], start: int, stop: int) -> torch.Tensor:
+        """Rows ``[start, stop)`` of the packed mask of ``name``, viewed with the parameter's ``shape``."""
+        if self._memory is not None:
+            return self._memory.packed[name].reshape(shape)[start:stop]
+        assert self._file is not None
+        return self._file.read_raw(name, start, stop)
+
+    def check_shape(self, name: str, shape: tuple[int, ...], source: str) -> None:
+        """Fail with a message naming the tensor when its mask does not fit the parameter."""
+        mask_shape = self.shape(name)
+        flat_ok = self._memory is not None and len(mask_shape) == 1 and mask_shape[0] == _numel(shape)
+        if mask_shape != tuple(shape) and not flat_ok:
+            raise MaskError(
+                f"{self.path}: mask for {name!r} has shape {_shape_str(mask_shape)} but {source} has {_shape_str(shape)}"
+            )

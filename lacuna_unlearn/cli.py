@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 
 def _tasks_path(args: argparse.Namespace) -> int:
@@ -53,6 +54,53 @@ def _build_testbed(args: argparse.Namespace) -> int:
         force=args.force,
     )
     print(f"testbed written to {out}")
+    return 0
+
+
+def _score(args: argparse.Namespace) -> int:
+    from lacuna_metrics.localization import SCORES, LocalizationConfig
+    from lacuna_metrics.report import markdown_summary
+    from lacuna_metrics.score import score_to_dir
+
+    if args.testbed is None and (args.before is None or args.masks is None and not args.no_masks):
+        raise ValueError("give --testbed DIR, or --before DIR with --masks FILE (or --no-masks for FRAG/distance only)")
+    scores = tuple(s for s in args.scores.split(",") if s) if args.scores else None
+    if scores is not None and (bad := [s for s in scores if s not in SCORES]):
+        raise ValueError(f"--scores: unknown {bad}; choose from {','.join(SCORES)}")
+    config = LocalizationConfig(
+        scores=scores,
+        composite=args.composite_samples > 0,
+        composite_samples=args.composite_samples,
+        bins_bits=args.bins_bits,
+        exact_limit=args.exact_limit,
+        seed=args.seed,
+    )
+    out = args.out or str(Path(args.after) / "lacuna_score")
+    written = score_to_dir(
+        out,
+        plots=args.plots,
+        after=args.after,
+        before=args.before,
+        masks=None if args.no_masks else args.masks,
+        testbed=args.testbed,
+        base=args.base,
+        control_before=args.control_before,
+        control_after=args.control_after,
+        crossfield=args.crossfield or (),
+        calib_forget=args.calib_forget,
+        calib_retain=args.calib_retain,
+        frag=not args.no_frag,
+        gamma=args.gamma,
+        frag_target=args.frag_target,
+        calib_samples=args.calib_samples,
+        cache_dir=args.activation_cache,
+        config=config,
+        progress=not args.quiet,
+    )
+    import json
+
+    print(markdown_summary(json.loads((written / "score.json").read_text())))
+    print(f"wrote {written / 'score.json'} and {written / 'score.md'}" + (" and plots/" if args.plots else ""))
     return 0
 
 
@@ -111,6 +159,37 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--field", default="email", choices=["email", "phone", "birth_city", "drivers_license"])
     demo.add_argument("--seed", type=int, default=None)
     demo.set_defaults(func=_demo)
+
+    score = sub.add_parser(
+        "score",
+        help="score a checkpoint pair: localization ROC-AUC against the masks, FRAG, distances",
+        description="Stream two HF checkpoints tensor by tensor and score the update (spec §1.10, §3.3).",
+    )
+    score.add_argument("--after", required=True, help="checkpoint after unlearning (HF directory)")
+    score.add_argument("--testbed", help="testbed directory: defaults for --before/--masks/--base and calibration text")
+    score.add_argument("--before", help="checkpoint before unlearning (default: TESTBED/model)")
+    score.add_argument("--masks", help="masks.safetensors or a LACUNA mask.pt (default: TESTBED/masks.safetensors)")
+    score.add_argument("--no-masks", action="store_true", help="skip localization (FRAG and distances only)")
+    score.add_argument("--base", help="reference checkpoint of the reversal scores (default: TESTBED/base)")
+    score.add_argument("--control-before", help="unmasked control model before unlearning (contrast scores)")
+    score.add_argument("--control-after", help="the same method run on the unmasked control model")
+    score.add_argument("--crossfield", nargs="+", help="after-checkpoints of the same method on each field")
+    score.add_argument("--calib-forget", help="FRAG forget calibration text: lacuna data dir, .jsonl or .txt")
+    score.add_argument("--calib-retain", help="FRAG retain calibration text: lacuna data dir, .jsonl or .txt")
+    score.add_argument("--calib-samples", type=int, default=128, help="calibration sequences per side (spec: 128)")
+    score.add_argument("--gamma", type=float, default=1.0, help="FRAG retain penalty (spec default 1)")
+    score.add_argument("--frag-target", default="all", choices=["all", "mlp", "linear"])
+    score.add_argument("--no-frag", action="store_true", help="skip FRAG (no forward passes)")
+    score.add_argument("--activation-cache", help="activation statistics cache (default: $LACUNA_CACHE or ~/.cache)")
+    score.add_argument("--scores", help="comma-separated subset of scoring functions (default: all applicable)")
+    score.add_argument("--composite-samples", type=int, default=2_000_000, help="composite subsample; 0 skips it")
+    score.add_argument("--bins-bits", type=int, default=20, help="histogram resolution beyond --exact-limit")
+    score.add_argument("--exact-limit", type=int, default=1 << 22, help="scalars scored exactly in memory per score")
+    score.add_argument("--seed", type=int, default=42)
+    score.add_argument("--out", help="output directory (default: AFTER/lacuna_score)")
+    score.add_argument("--plots", action="store_true", help="also write plots/roc.png and plots/layers.png")
+    score.add_argument("--quiet", action="store_true", help="no progress bar")
+    score.set_defaults(func=_score)
     return parser
 
 

@@ -100,7 +100,8 @@ def run_demo(
     out: str | Path = "runs/demo", *, preset: str = "mini", field: str = "email", seed: int | None = None
 ) -> Path:
     """Build or reuse ``out/testbed`` and evaluate its model with ``lm_eval --tasks lacuna_<field>``."""
-    from lacuna_unlearn.testbed import build_testbed, package_versions, write_json
+    from lacuna_metrics.manifest import package_versions, write_json
+    from lacuna_unlearn.testbed import build_testbed
     from lacuna_unlearn.testbed_presets import get_preset
 
     out = Path(out)

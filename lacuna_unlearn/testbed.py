@@ -33,6 +33,7 @@ import torch
 
 from lacuna_metrics.auc import roc_auc
 from lacuna_metrics.behavior import extraction_hits
+from lacuna_metrics.manifest import package_versions, write_json
 from lacuna_metrics.masks import MaskSet, build_masks, named_shapes_of, save_masks
 from lacuna_tasks.generate import build_splits, write_dataset
 from lacuna_tasks.prompts import probe_prompt
@@ -220,7 +221,7 @@ def _build(out: Path, partial: Path, cfg: TestbedConfig, state, *, unmasked: boo
             "timings_seconds": {**timings, "total": round(sum(timings.values()), 1)},
             "processes": state.num_processes,
             "torch_threads": torch.get_num_threads(),
-            "versions": package_versions(),
+            "versions": package_versions(TESTBED_PACKAGES),
             "platform": platform.platform(),
             "python": sys.version.split()[0],
         }
@@ -418,23 +419,3 @@ def trivial_detector_aucs(
 
 
 TESTBED_PACKAGES = ("lacuna-bench", "torch", "transformers", "peft", "accelerate", "tokenizers", "faker")
-
-
-def package_versions(names: tuple[str, ...] = TESTBED_PACKAGES) -> dict[str, str]:
-    """Installed versions of ``names`` for manifests ("not installed" when absent)."""
-    from importlib.metadata import PackageNotFoundError, version
-
-    found = {}
-    for name in names:
-        try:
-            found[name] = version(name)
-        except PackageNotFoundError:
-            found[name] = "not installed"
-    return found
-
-
-def write_json(path: Path, content: dict[str, Any]) -> None:
-    """Write ``content`` as JSON atomically (temp file + rename)."""
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(content, indent=2, default=str))
-    os.replace(tmp, path)

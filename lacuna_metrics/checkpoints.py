@@ -1,0 +1,396 @@
+"""Read HF checkpoints one tensor (or one block of rows) at a time, never a whole model.
+
+Scoring a 7B pair on a laptop means the reader, not the metric, decides the memory bill. So this
+module parses safetensors headers itself and reads each tensor's bytes with ``os.preadv`` straight
+into a fresh torch buffer: no memory map (whose touched pages would count against the process's
+resident memory until the file is closed), no copy of the whole file. Supported layouts are the ones
+``save_pretrained`` writes: ``model.safetensors``, sharded ``model.safetensors.index.json``, and
+PyTorch ``pytorch_model.bin`` (+ index), which is read only with ``torch.load(weights_only=True,
+mmap=True)``, one shard at a time. Tied weights (``lm_head.weight`` absent but
+``tie_word_embeddings``) are exposed under both names.
+
+Every read is checked for NaN/inf, and every error names the file and the tensor.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import queue
+import threading
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+import torch
+
+__all__ = [
+    "Checkpoint",
+    "CheckpointError",
+    "TensorInfo",
+    "check_compatible",
+    "prefetched",
+]
+
+_SAFETENSORS_DTYPES: dict[str, torch.dtype] = {
+    "BF16": torch.bfloat16,
+    "F16": torch.float16,
+    "F32": torch.float32,
+    "F64": torch.float64,
+    "I32": torch.int32,  # mask files
+}
+_MAX_HEADER = 100 * 1024 * 1024
+_EDGE = 1 << 20  # bytes hashed at each end of a weight file (the safetensors header comes first)
+_EMBEDDING_NAMES = ("model.embed_tokens.weight", "transformer.wte.weight", "embed_tokens.weight", "wte.weight")
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be read or does not match another one; the message names file and tensor."""
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    """Where one tensor lives: file, dtype, shape and (for safetensors) the byte offset of its data."""
+
+    name: str
+    file: Path
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+    offset: int = -1  # absolute byte offset in ``file``; -1 for PyTorch pickles
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+    @property
+    def rows(self) -> int:
+        return self.shape[0] if self.shape else 1
+
+
+class Checkpoint:
+    """A lazily read HF checkpoint directory (or a single ``.safetensors`` / ``.bin`` file).
+
+    ``names`` lists every tensor (tied aliases included) in file order; :meth:`read` returns float32
+    tensors for a name or a block of leading-dimension rows.
+    """
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = Path(path)
+        if not self.path.exists():
+            raise FileNotFoundError(f"checkpoint not found: {self.path}")
+        self._infos: dict[str, TensorInfo] = {}
+        self._aliases: dict[str, str] = {}
+        self._pickle_cache: tuple[Path, dict[str, torch.Tensor]] | None = None
+        self._files = self._discover()
+        for file in self._files:
+            for info in _safetensors_header(file) if file.suffix == ".safetensors" else _pickle_infos(file):
+                if info.name in self._infos:
+                    raise CheckpointError(f"{self.path}: tensor {info.name!r} appears in two files")
+                self._infos[info.name] = info
+        if not self._infos:
+            raise CheckpointError(f"{self.path}: no tensors found")
+        self._add_tied_aliases()
+
+    # -- layout -------------------------------------------------------------------------------------
+
+    def _discover(self) -> list[Path]:
+        p = self.path
+        if p.is_file():
+            return [p]
+        for index_name in ("model.safetensors.index.json", "pytorch_model.bin.index.json"):
+            index = p / index_name
+            if index.is_file():
+                return _index_files(index)
+        for single in ("model.safetensors", "pytorch_model.bin"):
+            if (p / single).is_file():
+                return [p / single]
+        raise CheckpointError(
+            f"{p}: no model.safetensors, model.safetensors.index.json, pytorch_model.bin or its index found"
+        )
+
+    def _add_tied_aliases(self) -> None:
+        """``save_pretrained`` drops ``lm_head.weight`` when it is tied to the input embedding."""
+        if "lm_head.weight" in self._infos or not self.config().get("tie_word_embeddings", True):
+            return
+        embedding = next((n for n in _EMBEDDING_NAMES if n in self._infos), None)
+        if embedding is not None:
+            self._aliases["lm_head.weight"] = embedding
+
+    def config(self) -> dict[str, Any]:
+        """The checkpoint's ``config.json`` (empty dict when there is none)."""
+        cfg = (self.path if self.path.is_dir() else self.path.parent) / "config.json"
+        if not cfg.is_file():
+            return {}
+        try:
+            data = json.loads(cfg.read_text())
+        except json.JSONDecodeError as exc:
+            raise CheckpointError(f"{cfg}: malformed JSON: {exc}") from exc
+        if not isinstance(data, dict):
+            raise CheckpointError(f"{cfg}: expected a JSON object")
+        return data
+
+    @property
+    def files(self) -> list[Path]:
+        return list(self._files)
+
+    @property
+    def names(self) -> list[str]:
+        return [*self._infos, *self._aliases]
+
+    def info(self, name: str) -> TensorInfo:
+        target = self._aliases.get(name, name)
+        try:
+            return self._infos[target]
+        except KeyError:
+            raise CheckpointError(f"{self.path}: no tensor {name!r}") from None
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        return self.info(name).shape
+
+    def is_alias(self, name: str) -> bool:
+        return name in self._aliases
+
+    def total_bytes(self) -> int:
+        """Bytes of tensor data (aliases counted once): what a plain read of the checkpoint costs."""
+        return sum(i.numel * _itemsize(i.dtype) for i in self._infos.values())
+
+    def fingerprint(self) -> str:
+        """``sha256:…`` of each weight file's name, size, header and first/last MiB.
+
+        Cheap on multi-GB files yet changes whenever a save rewrites them (headers hold shapes, dtypes
+        and offsets; edge bytes hold the first and last tensors). Use it to key caches and manifests.
+        """
+        digest = hashlib.sha256()
+        for file in self._files:
+            size = file.stat().st_size
+            digest.update(f"{file.name}\0{size}\0".encode())
+            with file.open("rb") as fh:
+                digest.update(fh.read(_EDGE))
+                if size > _EDGE:
+                    fh.seek(max(_EDGE, size - _EDGE))
+                    digest.update(fh.read(_EDGE))
+        return "sha256:" + digest.hexdigest()
+
+    # -- reading ------------------------------------------------------------------------------------
+
+    def read(self, name: str, start: int = 0, stop: int | None = None, *, check_finite: bool = True) -> torch.Tensor:
+        """Rows ``[start, stop)`` of the leading dimension of ``name`` as float32 (the whole tensor by default)."""
+        info = self.info(name)
+        stop = info.rows if stop is None else stop
+        if not 0 <= start <= stop <= info.rows:
+            raise CheckpointError(f"{info.file}: rows [{start}, {stop}) out of range for {name!r} {info.shape}")
+        raw = self.read_raw(name, start, stop)
+        out = raw.to(torch.float32) if raw.dtype != torch.float32 else raw
+        if check_finite and not bool(torch.isfinite(out).all()):
+            bad = int((~torch.isfinite(out)).sum())
+            raise CheckpointError(f"{info.file}: tensor {name!r} contains {bad} NaN/inf values (rows {start}-{stop})")
+        return out
+
+    def read_raw(self, name: str, start: int = 0, stop: int | None = None) -> torch.Tensor:
+        """Rows ``[start, stop)`` of ``name`` in the stored dtype, unchecked (masks, benchmarks)."""
+        info = self.info(name)
+        stop = info.rows if stop is None else stop
+        row_shape = info.shape[1:]
+        row_elems = math.prod(row_shape)
+        shape = (stop - start, *row_shape) if info.shape else ()
+        if info.offset < 0:
+            tensor = self._pickle_tensor(info)
+            block = tensor[start:stop] if info.shape else tensor
+            return block.reshape(shape).clone()
+        count = (stop - start) * row_elems if info.shape else 1
+        out = torch.empty(count, dtype=info.dtype)
+        if count:
+            buf = out.view(torch.uint8).numpy()
+            offset = info.offset + start * row_elems * _itemsize(info.dtype)
+            fd = os.open(info.file, os.O_RDONLY)
+            try:
+                done = 0
+                while done < buf.nbytes:
+                    got = os.preadv(fd, [buf[done:]], offset + done)
+                    if got <= 0:
+                        raise CheckpointError(f"{info.file}: truncated while reading tensor {info.name!r}")
+                    done += got
+            finally:
+                os.close(fd)
+        return out.reshape(shape)
+
+    def _pickle_tensor(self, info: TensorInfo) -> torch.Tensor:
+        if self._pickle_cache is None or self._pickle_cache[0] != info.file:
+            self._pickle_cache = None  # drop the previous shard before loading the next
+            self._pickle_cache = (info.file, _load_pickle(info.file))
+        return self._pickle_cache[1][info.name]
+
+    def iter_blocks(self, name: str, block_elems: int) -> Iterator[tuple[int, int]]:
+        """Row ranges of ``name`` holding about ``block_elems`` scalars each (at least one row)."""
+        info = self.info(name)
+        per_row = max(1, math.prod(info.shape[1:]))
+        step = max(1, block_elems // per_row)
+        for start in range(0, info.rows, step):
+            yield start, min(info.rows, start + step)
+
+
+# -- file formats ---------------------------------------------------------------------------------
+
+
+def _itemsize(dtype: torch.dtype) -> int:
+    return torch.empty((), dtype=dtype).element_size()
+
+
+def _index_files(index: Path) -> list[Path]:
+    try:
+        data = json.loads(index.read_text())
+    except json.JSONDecodeError as exc:
+        raise CheckpointError(f"{index}: malformed JSON: {exc}") from exc
+    weight_map = data.get("weight_map") if isinstance(data, dict) else None
+    if not isinstance(weight_map, dict) or not weight_map:
+        raise CheckpointError(f"{index}: missing or empty 'weight_map'")
+    files: list[Path] = []
+    for name, shard in weight_map.items():
+        path = index.parent / str(shard)
+        if not path.is_file():
+            raise CheckpointError(f"{index}: shard {shard!r} (holding {name!r}) not found")
+        if path not in files:
+            files.append(path)
+    return files
+
+
+def _safetensors_header(file: Path) -> list[TensorInfo]:
+    size = file.stat().st_size
+    with file.open("rb") as fh:
+        head = fh.read(8)
+        if len(head) < 8:
+            raise CheckpointError(f"{file}: not a safetensors file (shorter than 8 bytes)")
+        n = int.from_bytes(head, "little")
+        if n <= 0 or n > _MAX_HEADER or 8 + n > size:
+            raise CheckpointError(f"{file}: not a safetensors file (header length {n})")
+        try:
+            header = json.loads(fh.read(n))
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise CheckpointError(f"{file}: malformed safetensors header: {exc}") from exc
+    if not isinstance(header, dict):
+        raise CheckpointError(f"{file}: malformed safetensors header (not an object)")
+    base = 8 + n
+    infos = []
+    for name, entry in header.items():
+        if name == "__metadata__":
+            continue
+        try:
+            dtype_name, shape, (begin, end) = (
+                entry["dtype"],
+                tuple(int(d) for d in entry["shape"]),
+                entry["data_offsets"],
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise CheckpointError(f"{file}: malformed header entry for tensor {name!r}: {exc}") from exc
+        if dtype_name not in _SAFETENSORS_DTYPES:
+            raise CheckpointError(
+                f"{file}: tensor {name!r} has dtype {dtype_name}; supported: {sorted(_SAFETENSORS_DTYPES)}"
+            )
+        dtype = _SAFETENSORS_DTYPES[dtype_name]
+        if end - begin != math.prod(shape) * _itemsize(dtype) or base + end > size:
+            raise CheckpointError(f"{file}: tensor {name!r} has inconsistent data offsets {begin}-{end}")
+        infos.append(TensorInfo(name, file, dtype, shape, base + int(begin)))
+    return infos
+
+
+def _load_pickle(file: Path) -> dict[str, torch.Tensor]:
+    try:
+        obj = torch.load(file, map_location="cpu", weights_only=True, mmap=True)
+    except Exception as exc:  # torch raises pickle, zip and runtime errors alike
+        raise CheckpointError(f"{file}: cannot be read with torch.load(weights_only=True): {exc}") from exc
+    if not isinstance(obj, Mapping) or not all(isinstance(v, torch.Tensor) for v in obj.values()):
+        raise CheckpointError(f"{file}: expected a state dict (name -> tensor)")
+    return dict(obj)
+
+
+def _pickle_infos(file: Path) -> list[TensorInfo]:
+    state = _load_pickle(file)
+    infos = []
+    for name, t in state.items():
+        if t.dtype not in _SAFETENSORS_DTYPES.values():
+            raise CheckpointError(f"{file}: tensor {name!r} has unsupported dtype {t.dtype}")
+        infos.append(TensorInfo(name, file, t.dtype, tuple(t.shape)))
+    return infos
+
+
+# -- pairing ----------------------------------------------------------------------------------------
+
+
+def check_compatible(checkpoints: Mapping[str, Checkpoint], names: Sequence[str] | None = None) -> list[str]:
+    """Check that all checkpoints hold the same tensor names with the same shapes; return the shared names.
+
+    With ``names`` only those tensors are compared. Raises CheckpointError listing every difference.
+    """
+    items = list(checkpoints.items())
+    ref_label, ref = items[0]
+    wanted = list(ref.names) if names is None else list(names)
+    problems: list[str] = []
+    for label, ckpt in items:
+        have = set(ckpt.names)
+        missing = [n for n in wanted if n not in have]
+        if missing:
+            problems.append(f"{label} ({ckpt.path}) lacks {len(missing)} tensors: {_preview(missing)}")
+        if names is None and label != ref_label:
+            extra = [n for n in ckpt.names if n not in set(wanted)]
+            if extra:
+                problems.append(f"{label} ({ckpt.path}) has {len(extra)} tensors {ref_label} lacks: {_preview(extra)}")
+        for n in wanted:
+            if n in have and ckpt.shape(n) != ref.shape(n):
+                problems.append(f"{n}: {ref_label} {list(ref.shape(n))} vs {label} {list(ckpt.shape(n))}")
+    if problems:
+        raise CheckpointError("checkpoints do not match:\n  " + "\n  ".join(problems[:50]))
+    return wanted
+
+
+def _preview(names: Sequence[str], limit: int = 8) -> str:
+    shown = ", ".join(repr(n) for n in names[:limit])
+    return shown + (f", ... (+{len(names) - limit})" if len(names) > limit else "")
+
+
+T = TypeVar("T")
+
+
+def prefetched(make: Callable[[], Iterator[T]], depth: int = 1) -> Iterator[T]:
+    """Run the iterator ``make()`` in a background thread, ``depth`` items ahead of the consumer.
+
+    Reading the next block (I/O, GIL mostly released) then overlaps with scoring the current one
+    (torch kernels release the GIL). Exceptions surface in the consumer.
+    """
+    q: queue.Queue[tuple[str, Any]] = queue.Queue(maxsize=depth)
+    stop = threading.Event()
+
+    def work() -> None:
+        try:
+            for item in make():
+                while not stop.is_set():
+                    try:
+                        q.put(("item", item), timeout=0.1)
+                        break
+                    except queue.Full:
+                        continue
+                if stop.is_set():
+                    return
+            q.put(("done", None))
+        except BaseException as exc:  # forwarded to the consumer
+            q.put(("error", exc))
+
+    thread = threading.Thread(target=work, daemon=True)
+    thread.start()
+    try:
+        while True:
+            kind, value = q.get()
+            if kind == "done":
+                return
+            if kind == "error":
+                raise value
+            yield value
+    finally:
+        stop.set()
+        while thread.is_alive():
+            try:
+                q.get_nowait()
+            except queue.Empty:
+                thread.join(timeout=0.05)

@@ -1,0 +1,219 @@
+"""FRAG: does the unlearning update sit on forget-critical, retain-sparing weights? (spec §3.3)
+
+With W the ORIGINAL weight (d_out x d_in) and x^f, x^r the forget/retain activation norms of its input
+channels (:mod:`lacuna_metrics.activations`):
+
+    F_ij = |W_ij| x^f_j / (x^r_j + eps)     R_ij = |W_ij| x^r_j / (x^f_j + eps)     D_ij = (W^unl_ij - W_ij)^2
+    A_f = cos(F, D)    A_r = cos(R, D)    FRAG = A_f - gamma * A_r
+
+The cosines are GLOBAL (of the vectors concatenated over all scored modules), so only five sums per module are
+needed. That lets :class:`FragAccumulator` take each tensor in row blocks straight from the checkpoint reader and
+never hold a whole model: a 7B pair is scored in a few hundred MB.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import torch
+
+from lacuna_metrics.activations import ActivationStats
+from lacuna_metrics.checkpoints import Checkpoint, check_compatible
+
+__all__ = ["FragAccumulator", "frag_score"]
+
+_FD, _RD, _FF, _RR, _DD = range(5)
+
+
+def _cosine(dot: float, sq_a: float, sq_b: float) -> float:
+    """Cosine from a dot product and two squared norms; 0 when either norm is 0 (spec §3.3)."""
+    if sq_a <= 0.0 or sq_b <= 0.0:
+        return 0.0
+    return dot / (math.sqrt(sq_a) * math.sqrt(sq_b))
+
+
+class FragAccumulator:
+    """Accumulate the FRAG sums tensor by tensor, block by block, then report global and per-module cosines.
+
+    ``x_forget`` / ``x_retain`` map each scored weight name to its input-channel norms (length d_in). Weights in
+    ``conv1d_transposed`` are stored ``(d_in, d_out)`` (GPT-2 ``Conv1D``), so x indexes their rows. Feed each
+    tensor with :meth:`add` as consecutive leading-dimension row blocks of W (before) and W_unl (after).
+    """
+
+    def __init__(
+        self,
+        x_forget: Mapping[str, torch.Tensor],
+        x_retain: Mapping[str, torch.Tensor],
+        gamma: float = 1.0,
+        eps: float = 1e-6,
+        conv1d_transposed: Iterable[str] = (),
+    ) -> None:
+        if not math.isfinite(gamma):
+            raise ValueError(f"gamma must be finite, got {gamma}")
+        if not eps > 0:
+            raise ValueError(f"eps must be > 0, got {eps}")
+        missing_r = [n for n in x_forget if n not in x_retain]
+        missing_f = [n for n in x_retain if n not in x_forget]
+        if missing_r or missing_f:
+            raise ValueError(
+                f"forget and retain activation norms cover different tensors: only forget {missing_r[:5]}, "
+                f"only retain {missing_f[:5]}"
+            )
+        if not x_forget:
+            raise ValueError("no activation norms given: nothing to score")
+        self.gamma = float(gamma)
+        self.eps = float(eps)
+        self._ratio_f: dict[str, torch.Tensor] = {}
+        self._ratio_r: dict[str, torch.Tensor] = {}
+        for name in x_forget:
+            xf = _as_vector(x_forget[name], name, "forget")
+            xr = _as_vector(x_retain[name], name, "retain")
+            if xf.numel() != xr.numel():
+                raise ValueError(f"tensor {name!r}: forget norms have {xf.numel()} channels, retain norms {xr.numel()}")
+            self._ratio_f[name] = xf / (xr + self.eps)
+            self._ratio_r[name] = xr / (xf + self.eps)
+        self._transposed = frozenset(conv1d_transposed)
+        unknown = sorted(self._transposed - set(self._ratio_f))
+        if unknown:
+            raise ValueError(f"conv1d_transposed names without activation norms: {unknown[:5]}")
+        self._sums: dict[str, list[float]] = {}
+        self._rows: dict[str, int] = {}
+
+    @property
+    def names(self) -> list[str]:
+        """The scored weight names (those with activation norms), in the order given."""
+        return list(self._ratio_f)
+
+    @property
+    def rows_seen(self) -> dict[str, int]:
+        """Leading-dimension rows received so far per tensor (to check that every tensor was fed completely)."""
+        return dict(self._rows)
+
+    def input_dim(self, name: str) -> int:
+        """d_in of ``name``, i.e. the length of its activation vectors."""
+        return int(self._ratio(name)[0].numel())
+
+    def is_transposed(self, name: str) -> bool:
+        """True for a ``(d_in, d_out)`` Conv1D weight, whose rows (not columns) are input channels."""
+        return name in self._transposed
+
+    def check_shape(self, name: str, shape: tuple[int, ...]) -> None:
+        """Fail early, naming the tensor, if a full weight shape does not fit its activation vectors."""
+        ratio_f, _ = self._ratio(name)
+        axis = 0 if name in self._transposed else 1
+        if len(shape) != 2 or shape[axis] != ratio_f.numel():
+            layout = "(d_in, d_out) Conv1D" if axis == 0 else "(d_out, d_in)"
+            raise ValueError(
+                f"tensor {name!r} has shape {list(shape)}, but its {layout} input axis should have "
+                f"{ratio_f.numel()} channels (activation norms)"
+            )
+
+    def _ratio(self, name: str) -> tuple[torch.Tensor, torch.Tensor]:
+        try:
+            return self._ratio_f[name], self._ratio_r[name]
+        except KeyError:
+            raise ValueError(f"tensor {name!r} has no activation norms, so it cannot be scored by FRAG") from None
+
+    def add(self, name: str, before_rows: torch.Tensor, after_rows: torch.Tensor, *, start: int | None = None) -> None:
+        """Add a block of leading-dimension rows of W (``before_rows``) and W_unl (``after_rows``) of ``name``.
+
+        Blocks of one tensor may come in several calls. ``start`` (the block's first row) matters only for
+        transposed Conv1D weights, whose rows are input channels; by default it is the number of rows already seen.
+        """
+        ratio_f, ratio_r = self._ratio(name)
+        before = torch.as_tensor(before_rows)
+        after = torch.as_tensor(after_rows)
+        if before.shape != after.shape:
+            raise ValueError(f"tensor {name!r}: before block {list(before.shape)} vs after block {list(after.shape)}")
+        if before.dim() != 2:
+            raise ValueError(f"tensor {name!r}: expected a 2-D block of rows, got shape {list(before.shape)}")
+        seen = self._rows.get(name, 0)
+        first = seen if start is None else int(start)
+        rows = before.shape[0]
+        if name in self._transposed:
+            if first < 0 or first + rows > ratio_f.numel():
+                raise ValueError(
+                    f"tensor {name!r} (Conv1D, rows are input channels): rows [{first}, {first + rows}) exceed "
+                    f"its {ratio_f.numel()} activation channels"
+                )
+            ratio_f, ratio_r = ratio_f[first : first + rows], ratio_r[first : first + rows]
+            reduce_dim = 1
+        else:
+            if before.shape[1] != ratio_f.numel():
+                raise ValueError(
+                    f"tensor {name!r} has {before.shape[1]} input columns, but its activation norms have "
+                    f"{ratio_f.numel()} channels"
+                )
+            reduce_dim = 0
+        w = before.to(torch.float64)
+        d = (after.to(torch.float64) - w).square_()  # fresh tensor: in-place is safe
+        a = w.abs()  # not abs_(): ``w`` may be the caller's float64 tensor
+        ad = (a * d).sum(dim=reduce_dim)
+        aa = a.square_().sum(dim=reduce_dim)
+        sums = self._sums.setdefault(name, [0.0] * 5)
+        sums[_FD] += float(ad @ ratio_f)
+        sums[_RD] += float(ad @ ratio_r)
+        sums[_FF] += float(aa @ ratio_f.square())
+        sums[_RR] += float(aa @ ratio_r.square())
+        sums[_DD] += float(d.square_().sum())
+        self._rows[name] = seen + rows
+
+    def result(self) -> dict[str, Any]:
+        """Global A_f, A_r and FRAG = A_f - gamma * A_r over every tensor added, plus the same per module."""
+        if not self._sums:
+            raise ValueError("FRAG: no tensors were added, nothing to score")
+        total = [0.0] * 5
+        per_module: dict[str, dict[str, float]] = {}
+        for name, s in self._sums.items():
+            for k in range(5):
+                total[k] += s[k]
+            af, ar = _cosine(s[_FD], s[_FF], s[_DD]), _cosine(s[_RD], s[_RR], s[_DD])
+            per_module[name] = {"forget_alignment": af, "retain_alignment": ar, "frag": af - self.gamma * ar}
+        af, ar = _cosine(total[_FD], total[_FF], total[_DD]), _cosine(total[_RD], total[_RR], total[_DD])
+        return {
+            "forget_alignment": af,
+            "retain_alignment": ar,
+            "frag": af - self.gamma * ar,
+            "gamma": self.gamma,
+            "eps": self.eps,
+            "modules": len(self._sums),
+            "per_module": per_module,
+        }
+
+
+def _as_vector(x: Any, name: str, side: str) -> torch.Tensor:
+    v = torch.as_tensor(x).detach().to(torch.float64).cpu()
+    if v.dim() != 1 or v.numel() == 0:
+        raise ValueError(f"{side} activation norms of {name!r}: expected a non-empty 1-D vector, got {list(v.shape)}")
+    if not bool(torch.isfinite(v).all()) or bool((v < 0).any()):
+        raise ValueError(f"{side} activation norms of {name!r} contain negative, NaN or inf values")
+    return v
+
+
+def frag_score(
+    before: Checkpoint,
+    after: Checkpoint,
+    stats: ActivationStats,
+    gamma: float = 1.0,
+    block_elems: int = 4_000_000,
+    eps: float = 1e-6,
+) -> dict[str, Any]:
+    """FRAG of ``after`` (unlearned) against ``before`` (original), streamed block by block (spec §3.3).
+
+    Scores exactly the tensors that have activation norms in ``stats`` (from the original model); both checkpoints
+    must hold them with equal shapes. ``block_elems`` bounds the scalars read per block.
+    """
+    if block_elems < 1:
+        raise ValueError(f"block_elems must be >= 1, got {block_elems}")
+    from tqdm.auto import tqdm
+
+    acc = FragAccumulator(stats.forget, stats.retain, gamma=gamma, eps=eps, conv1d_transposed=stats.conv1d_transposed)
+    names = check_compatible({"before": before, "after": after}, names=acc.names)
+    for name in names:
+        acc.check_shape(name, before.shape(name))
+    for name in tqdm(names, desc="FRAG", disable=None, leave=False):
+        for start, stop in before.iter_blocks(name, block_elems):
+            acc.add(name, before.read(name, start, stop), after.read(name, start, stop), start=start)
+    return acc.result()

@@ -1,0 +1,595 @@
+"""Localization precision (spec §1.10): did the unlearning update land on the scalars that hold the facts?
+
+Every scalar of the *universe* (masked attention/MLP tensors with both positives and negatives) is one
+sample; its label comes from the ground-truth masks and its score from one of the LACUNA scoring
+functions of the before/after weights (plus an optional reference ``base`` and an unmasked control
+pair). Scores are streamed tensor block by tensor block into :class:`~lacuna_metrics.auc.StreamingAUC`,
+so memory is bounded by the largest tensor, never the model.
+
+Two passes per (layer, component) group: the first collects what the scores normalise by (σ of δ and
+of the contrast per group, the mean control δ′ per tensor) and the categories; the second re-reads
+the group (now in the page cache) and scores it. ``qtile`` and ``crossfield`` need the whole tensor's
+ranks, so they sort one tensor at a time.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from lacuna_metrics.auc import FORGET, OUTSIDE, RETAIN, TARGETS, StreamingAUC, float_keys, roc_auc
+from lacuna_metrics.checkpoints import Checkpoint, CheckpointError, prefetched
+from lacuna_metrics.masks import MaskError, MaskReader, component, layer_index
+
+__all__ = [
+    "BASELINES",
+    "COMPOSITE_FEATURES",
+    "SCORES",
+    "Localization",
+    "LocalizationConfig",
+    "score_block",
+    "within_tensor_quantile",
+]
+
+#: Scoring functions of spec §1.10, in the spec's order (``composite`` is fitted on top of them).
+SCORES: tuple[str, ...] = (
+    "raw",
+    "qtile",
+    "layernorm",
+    "compnorm",
+    "signrev",
+    "reversal",
+    "dirreversal",
+    "contrast",
+    "contrastnorm",
+    "contrastln",
+    "eratio",
+    "crossfield",
+)
+#: Method-free magnitude detectors on the same universe: how much a score needs no unlearning at all.
+BASELINES: tuple[str, ...] = ("before_magnitude", "injection_magnitude")
+#: The composite's ten features (spec §1.10), those available for the run are used.
+COMPOSITE_FEATURES: tuple[str, ...] = (
+    "raw",
+    "layernorm",
+    "signrev",
+    "reversal",
+    "dirreversal",
+    "contrast",
+    "contrastnorm",
+    "contrastln",
+    "eratio",
+    "compnorm",
+)
+_NEEDS = {
+    "compnorm": "control",
+    "contrast": "control",
+    "contrastnorm": "control",
+    "contrastln": "control",
+    "eratio": "control",
+    "signrev": "base",
+    "reversal": "base",
+    "dirreversal": "base",
+    "crossfield": "crossfield",
+    "injection_magnitude": "base",
+}
+_WHY = {
+    "control": "needs the unmasked control pair (--control-before/--control-after)",
+    "base": "needs a reference checkpoint (--base)",
+    "crossfield": "needs the per-field runs of the same method (--crossfield, at least two)",
+}
+_ELEMENTWISE = tuple(s for s in SCORES if s not in ("qtile", "crossfield"))
+
+
+@dataclass
+class LocalizationConfig:
+    """Knobs of the localization scorer; defaults follow spec §1.10 where it has a value."""
+
+    scores: tuple[str, ...] | None = None  # None: every applicable score (and composite)
+    composite: bool = True
+    bins_bits: int = 20  # histogram resolution once more than exact_limit scalars were seen
+    exact_limit: int = 1 << 22
+    group_bins_bits: int = 16  # per-(layer, component) AUCs
+    group_exact_limit: int = 1 << 18
+    precision_fractions: tuple[float, ...] = (0.001, 0.01, 0.05, 0.1)
+    composite_samples: int = 2_000_000
+    composite_folds: int = 5
+    seed: int = 42
+    block_elems: int = 1 << 22
+    eps: float = 1e-10
+    roc_points: int = 128
+
+
+@dataclass
+class _GroupStats:
+    """First-pass sums of one (layer, component) group over its universe tensors."""
+
+    n: int = 0
+    delta: list[float] = field(default_factory=lambda: [0.0, 0.0])  # Σδ, Σδ²
+    contrast: list[float] = field(default_factory=lambda: [0.0, 0.0])  # Σc, Σc²
+    energy: list[float] = field(default_factory=lambda: [0.0, 0.0, 0.0])  # ΣΔ² outside / retain / forget
+
+    def sigma(self, which: str) -> float:
+        s, s2 = getattr(self, which)
+        if self.n == 0:
+            return 0.0
+        var = max(0.0, s2 / self.n - (s / self.n) ** 2)  # population std (ddof=0)
+        return math.sqrt(var)
+
+
+def within_tensor_quantile(delta: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``qtile`` of spec §1.10: stable-argsort rank / (n − 1) of each scalar within its tensor.
+
+    Returns ``(order, values)``: ``order[r]`` is the flat index of the scalar of rank ``r`` and
+    ``values[r] = r / (n − 1)`` as float32. Ties keep index order, exactly as a stable argsort.
+    """
+    flat = delta.reshape(-1)
+    n = flat.numel()
+    if n >= 1 << 32:
+        raise ValueError(f"tensor of {n} scalars is too large for the packed stable sort")
+    packed = (float_keys(flat).numpy().astype(np.uint64) << np.uint64(32)) | np.arange(n, dtype=np.uint64)
+    packed.sort()
+    order = torch.from_numpy((packed & np.uint64(0xFFFFFFFF)).astype(np.int64))
+    values = torch.arange(n, dtype=torch.float64) / max(1, n - 1)
+    return order, values.to(torch.float32)
+
+
+def score_block(
+    o: torch.Tensor,
+    u: torch.Tensor,
+    *,
+    base: torch.Tensor | None = None,
+    control: tuple[torch.Tensor, torch.Tensor] | None = None,
+    sigma: float = 0.0,
+    sigma_contrast: float = 0.0,
+    control_mean: float = 0.0,
+    eps: float = 1e-10,
+    wanted: Sequence[str] = (*_ELEMENTWISE, *BASELINES),
+) -> dict[str, torch.Tensor]:
+    """Elementwise scores of spec §1.10 for one block (float32); absent inputs skip their scores.
+
+    ``sigma`` / ``sigma_contrast`` are the (layer, component) stds of δ and of the contrast, and
+    ``control_mean`` the tensor's mean control δ′. A zero σ gives score 0 (the group did not move);
+    a zero control mean makes ``compnorm`` fall back to δ, as the reference code does.
+    """
+    out: dict[str, torch.Tensor] = {}
+    want = set(wanted)
+    d = u - o
+    delta = d.abs()
+    if "raw" in want:
+        out["raw"] = delta
+    if "layernorm" in want:
+        out["layernorm"] = delta / sigma if sigma > 0 else torch.zeros_like(delta)
+    if "before_magnitude" in want:
+        out["before_magnitude"] = o.abs()
+    if control is not None:
+        dc = (control[1] - control[0]).abs()
+        contrast = delta - dc
+        if "contrast" in want:
+            out["contrast"] = contrast
+        if "contrastnorm" in want:
+            denom = delta + dc
+            out["contrastnorm"] = torch.where(denom > 1e-12, contrast / denom.clamp_min(1e-12), torch.zeros_like(denom))
+        if "contrastln" in want:
+            out["contrastln"] = contrast / sigma_contrast if sigma_contrast > 0 else torch.zeros_like(delta)
+        if "eratio" in want:
+            out["eratio"] = delta / (dc + eps)
+        if "compnorm" in want:
+            out["compnorm"] = delta / control_mean if control_mean > 0 else delta
+    if base is not None:
+        inj = o - base
+        abs_inj = inj.abs()
+        if "signrev" in want:
+            out["signrev"] = -(inj * d)
+        if "reversal" in want:
+            out["reversal"] = (abs_inj - (d + inj).abs()) / (abs_inj + eps)
+        if "dirreversal" in want:
+            out["dirreversal"] = -d * torch.sign(inj) / (abs_inj + eps)
+        if "injection_magnitude" in want:
+            out["injection_magnitude"] = abs_inj
+    return out
+
+
+def categories(packed: torch.Tensor, forget_bits: int, retain_bits: int) -> torch.Tensor:
+    """uint8 category per scalar: FORGET if any forget bit, else RETAIN if any retain bit, else OUTSIDE."""
+    cat = torch.full(packed.shape, OUTSIDE, dtype=torch.uint8)
+    cat[(packed & retain_bits) != 0] = RETAIN
+    cat[(packed & forget_bits) != 0] = FORGET
+    return cat.reshape(-1)
+
+
+PairHook = Callable[[str, torch.Tensor, torch.Tensor], None]
+
+
+class Localization:
+    """Score one before/after pair against ground-truth masks; see the module docstring.
+
+    ``crossfield`` lists the after-checkpoints of the same method on each field (spec: four).
+    ``run(on_pair)`` walks every tensor of the checkpoints once (twice for the universe) and calls
+    ``on_pair(name, before_block, after_block)`` for each block, so distances and FRAG share the reads.
+    """
+
+    def __init__(
+        self,
+        before: Checkpoint,
+        after: Checkpoint,
+        masks: MaskReader,
+        *,
+        base: Checkpoint | None = None,
+        control: tuple[Checkpoint, Checkpoint] | None = None,
+        crossfield: Sequence[Checkpoint] = (),
+        config: LocalizationConfig | None = None,
+    ) -> None:
+        self.config = config or LocalizationConfig()
+        self.before, self.after, self.masks, self.base, self.control = before, after, masks, base, control
+        self.crossfield = list(crossfield)
+        available = {"base": base is not None, "control": control is not None, "crossfield": len(crossfield) >= 2}
+        requested = SCORES if self.config.scores is None else tuple(self.config.scores)
+        unknown = [s for s in requested if s not in SCORES]
+        if unknown:
+            raise ValueError(f"unknown scores {unknown}; choose from {list(SCORES)}")
+        self.not_applicable = {
+            s: _WHY[_NEEDS[s]] for s in (*requested, *BASELINES) if not available.get(_NEEDS.get(s, ""), True)
+        }
+        self.scores = [s for s in requested if s not in self.not_applicable]
+        self.baselines = [b for b in BASELINES if b not in self.not_applicable]
+        self.candidates = self._candidates()
+        cfg = self.config
+        self._acc = {s: StreamingAUC(cfg.bins_bits, cfg.exact_limit) for s in (*self.scores, *self.baselines)}
+        self._group_acc: dict[tuple[int, str], StreamingAUC] = {}
+        self._group_stats: dict[tuple[int, str], _GroupStats] = {}
+        self._group_tensors: dict[tuple[int, str], list[str]] = {}
+        self._universe: list[str] = []
+        self._counts = [0, 0, 0]
+        self._features: list[np.ndarray] = []
+        self._feature_cats: list[np.ndarray] = []
+        self._rng = np.random.default_rng(cfg.seed)
+        self.per_layer_score = "qtile" if "qtile" in self.scores else "raw"
+        total = sum(self.masks.numel(n) for n in self.candidates)
+        self._sample_fraction = min(1.0, cfg.composite_samples / max(1, total))
+
+    # -- planning -----------------------------------------------------------------------------------
+
+    def _candidates(self) -> set[str]:
+        """Masked attention/MLP tensors (no norms, embeddings, lm_head), checked against the checkpoint."""
+        have = set(self.before.names)
+        names = [n for n in self.masks.names if component(n) is not None]
+        missing = [n for n in names if n not in have]
+        if missing:
+            raise CheckpointError(
+                f"{self.masks.path} masks {len(missing)} tensors missing from {self.before.path}: {missing[:8]}"
+            )
+        for n in names:
+            self.masks.check_shape(n, self.before.shape(n), str(self.before.path))
+        if not names:
+            raise MaskError(f"{self.masks.path}: no masked attention/MLP tensors in {self.before.path}")
+        return set(names)
+
+    def _units(self) -> list[tuple[tuple[int, str] | None, list[str]]]:
+        """Tensors in file order, masked ones grouped by (layer, component)."""
+        units: list[tuple[tuple[int, str] | None, list[str]]] = []
+        index: dict[tuple[int, str], int] = {}
+        for name in self.before.names:
+            if self.before.is_alias(name):
+                continue
+            if name in self.candidates:
+                key = (layer_index(name) or 0, str(component(name)))
+                if key not in index:
+                    index[key] = len(units)
+                    units.append((key, []))
+                units[index[key]][1].append(name)
+            else:
+                units.append((None, [name]))
+        return units
+
+    # -- reading ------------------------------------------------------------------------------------
+
+    def _sources(self, universe: bool) -> dict[str, Checkpoint]:
+        out = {"before": self.before, "after": self.after}
+        if universe:
+            if self.base is not None:
+                out["base"] = self.base
+            if self.control is not None:
+                out["control_before"], out["control_after"] = self.control
+            for i, ckpt in enumerate(self.crossfield):
+                out[f"crossfield{i}"] = ckpt
+        return out
+
+    def _blocks(self, names: Sequence[str], universe: bool) -> Iterator[tuple[str, int, int, dict[str, torch.Tensor]]]:
+        sources = self._sources(universe)
+
+        def make() -> Iterator[tuple[str, int, int, dict[str, torch.Tensor]]]:
+            for name in names:
+                shape = self.before.shape(name)
+                for start, stop in self.before.iter_blocks(name, self.config.block_elems):
+                    blocks = {label: ck.read(name, start, stop) for label, ck in sources.items()}
+                    if universe:
+                        blocks["mask"] = self.masks.read(name, shape, start, stop)
+                    yield name, start, stop, blocks
+
+        return prefetched(make)
+
+    # -- the walk -----------------------------------------------------------------------------------
+
+    def run(self, on_pair: PairHook | None = None, progress: Callable[[int], None] | None = None) -> dict[str, Any]:
+        """Stream all tensors; return the localization section of the score JSON."""
+        for key, names in self._units():
+            if key is None:
+                for name, _s, _e, b in self._blocks(names, universe=False):
+                    if on_pair is not None:
+                        on_pair(name, b["before"], b["after"])
+                    if progress is not None:
+                        progress(b["before"].numel())
+                continue
+            members, cats = self._first_pass(key, names, on_pair, progress)
+            if members:
+                self._second_pass(key, members, cats)
+        return self._results()
+
+    def _first_pass(
+        self,
+        key: tuple[int, str],
+        names: list[str],
+        on_pair: PairHook | None,
+        progress: Callable[[int], None] | None,
+    ) -> tuple[list[str], dict[str, torch.Tensor]]:
+        per_tensor: dict[str, dict[str, Any]] = {}
+        cats: dict[str, list[torch.Tensor]] = {}
+        for name, _s, _e, b in self._blocks(names, universe=True):
+            o, u = b["before"], b["after"]
+            if on_pair is not None:
+                on_pair(name, o, u)
+            if progress is not None:
+                progress(o.numel())
+            cat = categories(b["mask"], self.masks.forget_bits, self.masks.retain_bits)
+            cats.setdefault(name, []).append(cat)
+            t = per_tensor.setdefault(
+                name, {"n": 0, "d": [0.0, 0.0], "c": [0.0, 0.0], "dc": 0.0, "e": [0.0] * 3, "k": [0] * 3}
+            )
+            d = (u - o).reshape(-1).double()
+            delta = d.abs()
+            t["n"] += delta.numel()
+            t["d"][0] += float(delta.sum())
+            t["d"][1] += float((delta * delta).sum())
+            per_cat = cat.to(torch.int64)
+            energy = torch.bincount(per_cat, weights=d * d, minlength=3)
+            count = torch.bincount(per_cat, minlength=3)
+            for c in (OUTSIDE, RETAIN, FORGET):
+                t["e"][c] += float(energy[c])
+                t["k"][c] += int(count[c])
+            if "control_before" in b:
+                dc = (b["control_after"] - b["control_before"]).reshape(-1).double().abs()
+                contrast = delta - dc
+                t["dc"] += float(dc.sum())
+                t["c"][0] += float(contrast.sum())
+                t["c"][1] += float((contrast * contrast).sum())
+        members = [
+            n for n in names if per_tensor[n]["k"][FORGET] > 0 and per_tensor[n]["k"][FORGET] < per_tensor[n]["n"]
+        ]
+        stats = _GroupStats()
+        for n in members:
+            t = per_tensor[n]
+            stats.n += t["n"]
+            for i in range(2):
+                stats.delta[i] += t["d"][i]
+                stats.contrast[i] += t["c"][i]
+            for c in range(3):
+                stats.energy[c] += t["e"][c]
+                self._counts[c] += t["k"][c]
+        if members:
+            self._group_stats[key] = stats
+            self._group_tensors[key] = members
+            self._universe.extend(members)
+        self._control_mean = {n: per_tensor[n]["dc"] / max(1, per_tensor[n]["n"]) for n in members}
+        return members, {n: torch.cat(cats[n]) for n in members}
+
+    def _second_pass(self, key: tuple[int, str], members: list[str], cats: dict[str, torch.Tensor]) -> None:
+        cfg = self.config
+        stats = self._group_stats[key]
+        sigma, sigma_c = stats.sigma("delta"), stats.sigma("contrast")
+        group_acc = self._group_acc.setdefault(key, StreamingAUC(cfg.group_bins_bits, cfg.group_exact_limit))
+        wanted = [s for s in (*self.scores, *self.baselines) if s in _ELEMENTWISE or s in BASELINES]
+        feature_names = self.composite_features()
+        need_full = "qtile" in self.scores
+        current: str | None = None
+        full: dict[str, torch.Tensor] = {}
+        sample: np.ndarray = np.zeros(0, dtype=np.int64)
+        for name, start, stop, b in self._blocks(members, universe=True):
+            if name != current:
+                if current is not None:
+                    self._finish_tensor(current, full, cats[current], group_acc)
+                current, full = name, {}
+                numel = cats[name].numel()
+                if need_full:
+                    full["delta"] = torch.empty(numel, dtype=torch.float32)
+                for i in range(len(self.crossfield)):
+                    full[f"crossfield{i}"] = torch.empty(numel, dtype=torch.float32)
+                sample = self._sample_indices(numel)
+            row = int(np.prod(self.before.shape(name)[1:])) if len(self.before.shape(name)) > 1 else 1
+            lo, hi = start * row, stop * row
+            cat = cats[name][lo:hi]
+            o, u = b["before"].reshape(-1), b["after"].reshape(-1)
+            control = (
+                (b["control_before"].reshape(-1), b["control_after"].reshape(-1)) if "control_before" in b else None
+            )
+            scores = score_block(
+                o,
+                u,
+                base=b["base"].reshape(-1) if "base" in b else None,
+                control=control,
+                sigma=sigma,
+                sigma_contrast=sigma_c,
+                control_mean=self._control_mean.get(name, 0.0),
+                eps=cfg.eps,
+                wanted=wanted + [f for f in feature_names if f not in wanted],
+            )
+            for s in wanted:
+                self._acc[s].add(scores[s], cat)
+            if self.per_layer_score == "raw":
+                group_acc.add(scores["raw"] if "raw" in scores else (u - o).abs(), cat)
+            if "delta" in full:
+                full["delta"][lo:hi] = scores["raw"] if "raw" in scores else (u - o).abs()
+            for i in range(len(self.crossfield)):
+                full[f"crossfield{i}"][lo:hi] = (b[f"crossfield{i}"].reshape(-1) - o).abs()
+            if feature_names and sample.size:
+                picked = sample[(sample >= lo) & (sample < hi)] - lo
+                if picked.size:
+                    idx = torch.from_numpy(picked)
+                    self._features.append(np.stack([scores[f][idx].double().numpy() for f in feature_names], axis=1))
+                    self._feature_cats.append(cat[idx].numpy())
+        if current is not None:
+            self._finish_tensor(current, full, cats[current], group_acc)
+
+    def _finish_tensor(
+        self, name: str, full: dict[str, torch.Tensor], cat: torch.Tensor, group_acc: StreamingAUC
+    ) -> None:
+        """Whole-tensor scores: qtile (and the per-group AUC on it) and crossfield."""
+        if "delta" in full:
+            order, values = within_tensor_quantile(full["delta"])
+            sorted_cats = cat[order]
+            if "qtile" in self._acc:
+                self._acc["qtile"].add(values, sorted_cats)
+            if self.per_layer_score == "qtile":
+                group_acc.add(values, sorted_cats)
+        if "crossfield" in self._acc:
+            crossed: torch.Tensor | None = None
+            for i in range(len(self.crossfield)):
+                order, values = within_tensor_quantile(full[f"crossfield{i}"])
+                q = torch.empty_like(values)
+                q[order] = values
+                crossed = q if crossed is None else torch.minimum(crossed, q)
+            assert crossed is not None
+            self._acc["crossfield"].add(crossed, cat)
+
+    def _sample_indices(self, numel: int) -> np.ndarray:
+        """The composite's subsample of one tensor: the same fraction of every tensor (seeded)."""
+        if not self.composite_features():
+            return np.zeros(0, dtype=np.int64)
+        k = round(numel * self._sample_fraction)
+        return np.sort(self._rng.choice(numel, size=k, replace=False)) if k else np.zeros(0, dtype=np.int64)
+
+    def composite_features(self) -> list[str]:
+        if not self.config.composite or self.config.composite_samples <= 0:
+            return []
+        available = set(self.scores) | {"raw", "layernorm"}
+        return [f for f in COMPOSITE_FEATURES if f in available and f not in self.not_applicable]
+
+    # -- results ------------------------------------------------------------------------------------
+
+    def _results(self) -> dict[str, Any]:
+        cfg = self.config
+        if not self._universe:
+            raise MaskError(f"{self.masks.path}: no tensor has both forget and non-forget scalars; nothing to score")
+        auc: dict[str, dict[str, Any]] = {}
+        bounds: dict[str, dict[str, float]] = {}
+        precision: dict[str, dict[str, Any]] = {}
+        baselines: dict[str, dict[str, float | None]] = {}
+        roc: dict[str, dict[str, Any]] = {}
+        composite = self._composite()
+        for target in TARGETS:
+            auc[target], bounds[target], precision[target], roc[target] = {}, {}, {}, {}
+            for s in self.scores:
+                r = self._acc[s].result(target)
+                auc[target][s] = r.value
+                bounds[target][s] = r.error_bound
+                precision[target][s] = self._acc[s].precision_at(target, cfg.precision_fractions)
+                roc[target][s] = self._acc[s].roc_curve(target, cfg.roc_points)
+            for s in self.not_applicable:
+                if s in SCORES:
+                    auc[target][s] = None
+            if composite is not None:
+                auc[target]["composite"] = composite["auc"].get(target)
+            scored = {s: v for s, v in auc[target].items() if v is not None}
+            best = max(scored, key=lambda s: scored[s]) if scored else None
+            auc[target]["best"] = {"score": best, "value": scored[best] if best else None}
+            baselines[target] = {b: self._acc[b].result(target).value for b in self.baselines}
+            baselines[target].update({b: None for b in BASELINES if b in self.not_applicable})
+            for b in self.baselines:
+                roc[target][b] = self._acc[b].roc_curve(target, cfg.roc_points)
+        return {
+            "auc": auc,
+            "auc_error_bound": bounds,
+            "precision_at_k": precision,
+            "baselines": baselines,
+            "not_applicable": dict(self.not_applicable),
+            "composite": composite,
+            "per_layer": self._per_layer(),
+            "universe": {
+                "tensors": len(self._universe),
+                "scalars": sum(self._counts),
+                "forget": self._counts[FORGET],
+                "retain": self._counts[RETAIN],
+                "outside": self._counts[OUTSIDE],
+                "names": list(self._universe),
+            },
+            "roc": roc,
+            "settings": {
+                "bins_bits": cfg.bins_bits,
+                "exact_limit": cfg.exact_limit,
+                "eps": cfg.eps,
+                "per_layer_score": self.per_layer_score,
+                "sigma": "population std (ddof=0) over the (layer, component) group",
+                "crossfield_runs": len(self.crossfield),
+            },
+        }
+
+    def _per_layer(self) -> list[dict[str, Any]]:
+        rows = []
+        for key, stats in sorted(self._group_stats.items()):
+            acc = self._group_acc.get(key)
+            energy = sum(stats.energy)
+            rows.append(
+                {
+                    "layer": key[0],
+                    "component": key[1],
+                    "tensors": self._group_tensors[key],
+                    "scalars": stats.n,
+                    "auc": {t: (acc.result(t).value if acc is not None else None) for t in TARGETS},
+                    "update_mass": {
+                        "forget": stats.energy[FORGET] / energy if energy else None,
+                        "retain": stats.energy[RETAIN] / energy if energy else None,
+                        "outside": stats.energy[OUTSIDE] / energy if energy else None,
+                    },
+                }
+            )
+        return rows
+
+    def _composite(self) -> dict[str, Any] | None:
+        """Spec §1.10 composite: 5-fold cross-validated logistic regression on the subsample."""
+        names = self.composite_features()
+        if not names or not self._features:
+            return None
+        from sklearn.linear_model import LogisticRegression
+        from sklearn.model_selection import StratifiedKFold, cross_val_predict
+        from sklearn.pipeline import make_pipeline
+        from sklearn.preprocessing import StandardScaler
+
+        x = np.concatenate(self._features)
+        cats = np.concatenate(self._feature_cats)
+        out: dict[str, Any] = {
+            "features": names,
+            "samples": int(x.shape[0]),
+            "folds": self.config.composite_folds,
+            "auc": {},
+        }
+        for target, (pos, neg) in TARGETS.items():
+            keep = np.isin(cats, pos + neg)
+            y = np.isin(cats[keep], pos)
+            if min(int(y.sum()), int((~y).sum())) < self.config.composite_folds:
+                out["auc"][target] = None
+                continue
+            model = make_pipeline(StandardScaler(), LogisticRegression(C=1.0, solver="lbfgs", max_iter=1000))
+            cv = StratifiedKFold(n_splits=self.config.composite_folds)
+            proba = cross_val_predict(model, x[keep], y, cv=cv, method="predict_proba")[:, 1]
+            out["auc"][target] = roc_auc(proba, y)
+        return out
+
+
+def required_inputs(scores: Mapping[str, Any]) -> dict[str, str]:
+    """Which optional checkpoint each score needs (for docs and error messages)."""
+    return {s: _WHY[_NEEDS[s]] for s in scores if s in _NEEDS}

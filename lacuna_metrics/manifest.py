@@ -1,0 +1,65 @@
+"""What every artifact records about how it was made: versions, hardware, and atomic JSON writes.
+
+Lives in ``lacuna_metrics`` so both the scorer and the trainers (``lacuna_unlearn``) use one copy.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import tempfile
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+from typing import Any
+
+__all__ = ["hardware", "package_versions", "write_json", "write_text"]
+
+#: Packages whose versions matter for a score or a testbed.
+DEFAULT_PACKAGES = ("lacuna-bench", "torch", "transformers", "safetensors", "numpy", "scikit-learn")
+
+
+def package_versions(names: tuple[str, ...] = DEFAULT_PACKAGES) -> dict[str, str]:
+    """Installed versions of ``names`` for manifests ("not installed" when absent)."""
+    found = {}
+    for name in names:
+        try:
+            found[name] = version(name)
+        except PackageNotFoundError:
+            found[name] = "not installed"
+    return found
+
+
+def hardware() -> dict[str, Any]:
+    """Platform, Python, CPU count and torch threads/CUDA, so a timing can be read in context."""
+    import torch
+
+    return {
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "cpu_count": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "cuda": torch.cuda.is_available(),
+    }
+
+
+def write_text(path: str | os.PathLike[str], text: str) -> Path:
+    """Write ``text`` atomically: a temp file in the same directory, then ``os.replace``."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as fh:
+            fh.write(text)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    return path
+
+
+def write_json(path: str | os.PathLike[str], content: dict[str, Any]) -> Path:
+    """Write ``content`` as indented JSON atomically (NaN is refused: it is not JSON)."""
+    return write_text(path, json.dumps(content, indent=2, default=str, allow_nan=False) + "\n")

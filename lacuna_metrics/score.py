@@ -1,0 +1,238 @@
+"""``score_pair``: everything the weight-diff sidecar knows about one before/after checkpoint pair.
+
+One streaming walk over the checkpoints feeds three consumers: localization AUCs against the
+ground-truth masks (:mod:`lacuna_metrics.localization`), FRAG (:mod:`lacuna_metrics.frag`, with
+activation statistics of the before-model cached on disk) and distances
+(:mod:`lacuna_metrics.distance`). The result is one JSON-ready dict with a versioned schema
+(documented in the README, "Score JSON"); ``lacuna score`` writes it with a markdown summary and plots.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from lacuna_metrics.checkpoints import Checkpoint, check_compatible, prefetched
+from lacuna_metrics.localization import Localization, LocalizationConfig
+from lacuna_metrics.manifest import hardware, package_versions
+from lacuna_metrics.masks import MaskReader
+
+__all__ = ["SCHEMA", "SCHEMA_VERSION", "default_cache_dir", "score_pair", "score_to_dir"]
+
+SCHEMA = "lacuna-bench/score"
+SCHEMA_VERSION = 1
+
+PathLike = str | os.PathLike[str]
+
+
+def default_cache_dir() -> Path:
+    """Where activation statistics are cached: ``$LACUNA_CACHE`` or ``~/.cache/lacuna-bench``."""
+    return Path(os.environ.get("LACUNA_CACHE", Path.home() / ".cache" / "lacuna-bench")) / "activations"
+
+
+def _testbed_defaults(testbed: Path) -> dict[str, Path | None]:
+    if not (testbed / "manifest.json").is_file() or not (testbed / "model").is_dir():
+        raise FileNotFoundError(f"{testbed} is not a testbed directory (expected manifest.json and model/)")
+    return {
+        "before": testbed / "model",
+        "masks": testbed / "masks.safetensors",
+        "base": testbed / "base" if (testbed / "base").is_dir() else None,
+        "data": testbed / "data" if (testbed / "data").is_dir() else None,
+    }
+
+
+def score_pair(
+    after: PathLike,
+    *,
+    before: PathLike | None = None,
+    masks: PathLike | None = None,
+    testbed: PathLike | None = None,
+    base: PathLike | None = None,
+    control_before: PathLike | None = None,
+    control_after: PathLike | None = None,
+    crossfield: Sequence[PathLike] = (),
+    calib_forget: PathLike | None = None,
+    calib_retain: PathLike | None = None,
+    frag: bool = True,
+    gamma: float = 1.0,
+    frag_target: str = "all",
+    calib_samples: int = 128,
+    calib_max_length: int = 256,
+    activation_dtype: str = "bfloat16",
+    cache_dir: PathLike | None = None,
+    config: LocalizationConfig | None = None,
+    progress: bool = True,
+) -> dict[str, Any]:
+    """Score ``after`` against ``before`` (and masks, base, control, per-field runs when given).
+
+    With ``testbed``, ``before`` / ``masks`` / ``base`` and the FRAG calibration text (the testbed's
+    forget and retain splits) default to the testbed's ``model/``, ``masks.safetensors``, ``base/``
+    and ``data/``. Without masks the localization section is ``None``; without calibration text FRAG is.
+    """
+    started = time.time()
+    defaults: dict[str, Path | None] = {}
+    if testbed is not None:
+        defaults = _testbed_defaults(Path(testbed))
+    before = before or defaults.get("before")
+    if before is None:
+        raise ValueError("give --before (or --testbed) for the checkpoint before unlearning")
+    masks = masks or defaults.get("masks")
+    base = base or defaults.get("base")
+    if (control_before is None) != (control_after is None):
+        raise ValueError("give both --control-before and --control-after, or neither")
+    data = defaults.get("data")
+    forget_source = calib_forget or data
+    retain_source = calib_retain or data
+
+    ckpts: dict[str, Checkpoint] = {"before": Checkpoint(before), "after": Checkpoint(after)}
+    if base is not None:
+        ckpts["base"] = Checkpoint(base)
+    if control_before is not None and control_after is not None:
+        ckpts["control_before"], ckpts["control_after"] = Checkpoint(control_before), Checkpoint(control_after)
+    for i, path in enumerate(crossfield):
+        ckpts[f"crossfield{i}"] = Checkpoint(path)
+    check_compatible(ckpts)
+
+    from lacuna_metrics.distance import DistanceAccumulator
+
+    distance = DistanceAccumulator()
+    frag_acc, frag_section, stats = None, None, None
+    if frag and forget_source is not None and retain_source is not None:
+        import torch
+
+        from lacuna_metrics.activations import activation_stats, calibration_texts
+        from lacuna_metrics.frag import FragAccumulator
+
+        stats = activation_stats(
+            ckpts["before"].path,
+            calibration_texts(forget_source, "forget", calib_samples),
+            calibration_texts(retain_source, "retain", calib_samples),
+            cache_dir=Path(cache_dir) if cache_dir is not None else default_cache_dir(),
+            target=frag_target,
+            max_length=calib_max_length,
+            dtype=getattr(torch, activation_dtype),
+        )
+        frag_acc = FragAccumulator(
+            stats.forget, stats.retain, gamma=gamma, conv1d_transposed=tuple(stats.conv1d_transposed)
+        )
+    elif frag:
+        frag_section = {"skipped": "no calibration text: give --calib-forget/--calib-retain or --testbed"}
+
+    scored = set(frag_acc.names) if frag_acc is not None else set()
+
+    def on_pair(name: str, o: Any, u: Any) -> None:
+        distance.add(name, o, u)
+        if name in scored:
+            assert frag_acc is not None
+            frag_acc.add(name, o, u)
+
+    total = sum(ckpts["before"].info(n).numel for n in ckpts["before"].names if not ckpts["before"].is_alias(n))
+    with _progress_bar(total, progress) as bar:
+        if masks is not None:
+            localization = Localization(
+                ckpts["before"],
+                ckpts["after"],
+                MaskReader(masks),
+                base=ckpts.get("base"),
+                control=(ckpts["control_before"], ckpts["control_after"]) if "control_before" in ckpts else None,
+                crossfield=[ckpts[k] for k in ckpts if k.startswith("crossfield")],
+                config=config,
+            )
+            loc = localization.run(on_pair, bar.update)
+        else:
+            loc = None
+            _walk_pairs(
+                ckpts["before"], ckpts["after"], on_pair, bar.update, (config or LocalizationConfig()).block_elems
+            )
+
+    if frag_acc is not None:
+        frag_section = frag_acc.result()
+        assert stats is not None
+        frag_section.update({"activation_fingerprint": stats.fingerprint, "activation_cache_hit": stats.cached})
+    result: dict[str, Any] = {
+        "schema": SCHEMA,
+        "schema_version": SCHEMA_VERSION,
+        "auc": loc["auc"] if loc else None,
+        "auc_error_bound": loc["auc_error_bound"] if loc else None,
+        "precision_at_k": loc["precision_at_k"] if loc else None,
+        "baselines": loc["baselines"] if loc else None,
+        "not_applicable": loc["not_applicable"] if loc else {"localization": "needs --masks (or --testbed)"},
+        "composite": loc["composite"] if loc else None,
+        "per_layer": loc["per_layer"] if loc else [],
+        "universe": loc["universe"] if loc else None,
+        "frag": frag_section,
+        "distance": distance.result(),
+        "roc": loc["roc"] if loc else None,
+        "localization_settings": loc["settings"] if loc else None,
+    }
+    result["manifest"] = {
+        "inputs": {label: {"path": str(c.path), "fingerprint": c.fingerprint()} for label, c in ckpts.items()},
+        "masks": str(masks) if masks is not None else None,
+        "testbed": str(testbed) if testbed is not None else None,
+        "calibration": {"forget": str(forget_source), "retain": str(retain_source), "samples": calib_samples}
+        if frag_acc is not None
+        else None,
+        "config": _config_dict(config or LocalizationConfig()),
+        "seed": (config or LocalizationConfig()).seed,
+        "gamma": gamma,
+        "versions": package_versions(),
+        "hardware": hardware(),
+        "wall_seconds": round(time.time() - started, 3),
+    }
+    return result
+
+
+def score_to_dir(out: PathLike, *, plots: bool = False, **kwargs: Any) -> Path:
+    """Run :func:`score_pair` and write ``score.json``, ``score.md`` (and ``plots/*.png``) into ``out``.
+
+    Files are written atomically; nothing is written when scoring fails.
+    """
+    from lacuna_metrics.manifest import write_json, write_text
+    from lacuna_metrics.report import markdown_summary, write_plots
+
+    result = score_pair(**kwargs)
+    out = Path(out)
+    if plots:
+        write_plots(result, out / "plots")
+    write_text(out / "score.md", markdown_summary(result))
+    write_json(out / "score.json", result)
+    return out
+
+
+def _config_dict(config: LocalizationConfig) -> dict[str, Any]:
+    from dataclasses import asdict
+
+    return asdict(config)
+
+
+def _walk_pairs(before: Checkpoint, after: Checkpoint, on_pair: Any, update: Any, block_elems: int) -> None:
+    """Stream every tensor pair (no masks): distances and FRAG only."""
+
+    def make() -> Any:
+        for name in before.names:
+            if before.is_alias(name):
+                continue
+            for start, stop in before.iter_blocks(name, block_elems):
+                yield name, before.read(name, start, stop), after.read(name, start, stop)
+
+    for name, o, u in prefetched(make):
+        on_pair(name, o, u)
+        update(o.numel())
+
+
+class _progress_bar:
+    """A tqdm bar over scalars read (silent when ``enabled`` is False or stderr is not a terminal)."""
+
+    def __init__(self, total: int, enabled: bool) -> None:
+        from tqdm.auto import tqdm
+
+        self._bar = tqdm(total=total, unit="param", unit_scale=True, desc="scoring", disable=not enabled)
+
+    def __enter__(self) -> Any:
+        return self._bar
+
+    def __exit__(self, *exc: object) -> None:
+        self._bar.close()
