@@ -77,8 +77,9 @@ class StreamingAUC:
     top ``bits`` bits of each score's order-preserving 32-bit key, one count per category. Pairs in
     different bins are then still ordered exactly; pairs inside one bin count one half, which is exact
     when the bin holds a single distinct value. The smallest and largest low-order key bits seen per
-    bin tell exactly which bins hold several values, and ``½ Σ_mixed pos_b·neg_b / (P·N)`` bounds the
-    error rigorously (reported; often 0 for scores of bf16 weights, whose low mantissa bits are zero).
+    bin tell exactly which bins hold several values; there, only pairs involving a key off the bin's
+    lower edge can be misordered, and half their count over ``P·N`` bounds the error rigorously
+    (reported; often 0 for scores of bf16 weights, whose low mantissa bits are zero).
     """
 
     def __init__(self, bits: int = 20, exact_limit: int = 1 << 22) -> None:
@@ -90,10 +91,11 @@ class StreamingAUC:
         self._scores: list[torch.Tensor] | None = []
         self._cats: list[torch.Tensor] = []
         self._buffered = 0
-        self._exact_bins: tuple[np.ndarray, np.ndarray] | None = None  # cache of the buffer's bins
+        self._exact_bins: tuple[np.ndarray, np.ndarray] | None = None  # the buffer's bins (cached)
         self._counts: torch.Tensor | None = None  # [bins * 3] int64
-        self._low_min: torch.Tensor | None = None  # [bins] smallest low-order key bits seen per bin
-        self._low_max: torch.Tensor | None = None  # [bins] largest (-1: empty); min != max: bin mixes values
+        self._low_min: torch.Tensor | None = None  # [bins] smallest nonzero low-order key bits per bin
+        self._low_max: torch.Tensor | None = None  # [bins] largest (-1: none)
+        self._off_edge: torch.Tensor | None = None  # [bins * 3] counts of keys not on their bin's lower edge
 
     @property
     def count(self) -> int:
@@ -107,7 +109,7 @@ class StreamingAUC:
         cats = cats.reshape(-1).to(torch.uint8)
         if scores.numel() != cats.numel():
             raise ValueError(f"{scores.numel()} scores but {cats.numel()} categories")
-        if not bool(torch.isfinite(scores).all()) and bool(torch.isnan(scores).any()):
+        if bool(torch.isnan(scores).any()):
             raise ValueError("scores contain NaN")
         if self._scores is not None:
             self._exact_bins = None
@@ -126,6 +128,7 @@ class StreamingAUC:
         self._counts = torch.zeros((1 << self.bits) * _NCAT, dtype=torch.int64)
         self._low_min = torch.full((1 << self.bits,), 1 << self._shift, dtype=torch.int64)
         self._low_max = torch.full((1 << self.bits,), -1, dtype=torch.int64)
+        self._off_edge = torch.zeros_like(self._counts)
         for s, c in zip(buffered, cats, strict=True):
             self._histogram(s, c)
 
@@ -134,41 +137,57 @@ class StreamingAUC:
         keys = float_keys(scores)
         bins = keys >> self._shift
         low = keys & ((1 << self._shift) - 1)
-        chunk = torch.bincount(bins * _NCAT + cats.to(torch.int64), minlength=self._counts.numel())
-        self._counts += chunk
-        if bool(low.any()):
-            self._low_min.scatter_reduce_(0, bins, low, "amin")
-            self._low_max.scatter_reduce_(0, bins, low, "amax")
-        else:  # common for scores of bf16 weights: every key in this chunk sits on its bin's lower edge
-            touched = chunk.view(-1, _NCAT).sum(dim=1) > 0
-            self._low_min[touched] = 0
-            self._low_max[touched] = torch.clamp(self._low_max[touched], min=0)
+        index = bins * _NCAT + cats.to(torch.int64)
+        ones = torch.ones_like(index)
+        self._counts.scatter_add_(0, index, ones)
+        off = low != 0
+        if bool(off.any()):  # rare for scores of bf16 weights, whose low mantissa bits are zero
+            assert self._off_edge is not None
+            self._off_edge.scatter_add_(0, index[off], ones[: int(off.sum())])
+            self._low_min.scatter_reduce_(0, bins[off], low[off], "amin")
+            self._low_max.scatter_reduce_(0, bins[off], low[off], "amax")
 
     def _binned(self) -> tuple[np.ndarray, np.ndarray]:
-        """Per-bin category counts ``[bins, 3]`` in ascending score order, and the may-be-mixed flags."""
+        """Per-bin category counts ``[bins, 3]`` in ascending score order, and per bin the counts of keys
+        that may differ from the others (zero where the bin holds a single value)."""
         if self._counts is not None:
-            assert self._low_min is not None and self._low_max is not None
+            assert self._low_min is not None and self._low_max is not None and self._off_edge is not None
             counts = self._counts.view(-1, _NCAT).numpy()
+            off = self._off_edge.view(-1, _NCAT).numpy()
             occupied = counts.sum(axis=1) > 0
-            mixed = (self._low_min != self._low_max).numpy()
-            return counts[occupied], mixed[occupied]
+            off_total = off.sum(axis=1)
+            on_edge = counts.sum(axis=1) - off_total
+            # a bin holds several values iff it has off-edge keys and either on-edge keys or unequal off-edge keys
+            mixed = (off_total > 0) & ((on_edge > 0) | (self._low_min != self._low_max).numpy())
+            return counts[occupied], (off * mixed[:, None])[occupied]
         assert self._scores is not None
         if self._exact_bins is None:
             self._exact_bins = _distinct_value_bins(self._scores, self._cats)
         return self._exact_bins
 
     def _target_bins(self, target: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Positives, negatives and uncertain pairs per bin for ``target``.
+
+        Within a bin, keys on the bin's lower edge are all equal (a tie, counted exactly); only pairs
+        with at least one off-edge key may be misordered: ``pos·neg − pos_edge·neg_edge`` of them.
+        """
         pos_cats, neg_cats = TARGETS[target]
-        counts, mixed = self._binned()
+        counts, off = self._binned()
         pos = counts[:, list(pos_cats)].sum(axis=1)
         neg = counts[:, list(neg_cats)].sum(axis=1)
+        pos_off = off[:, list(pos_cats)].sum(axis=1)
+        neg_off = off[:, list(neg_cats)].sum(axis=1)
+        has_off = (pos_off + neg_off) > 0
+        uncertain = np.where(
+            has_off, pos.astype(np.float64) * neg - (pos - pos_off).astype(np.float64) * (neg - neg_off), 0.0
+        )
         keep = (pos + neg) > 0
-        return pos[keep], neg[keep], mixed[keep]
+        return pos[keep], neg[keep], uncertain[keep]
 
     def result(self, target: str) -> AUCResult:
         """AUC for ``target`` (None when a class is empty) and its error bound (0 = exact)."""
-        pos, neg, mixed = self._target_bins(target)
-        return binned_auc(pos, neg, mixed)
+        pos, neg, uncertain = self._target_bins(target)
+        return binned_auc(pos, neg, uncertain)
 
     def precision_at(self, target: str, fractions: tuple[float, ...]) -> dict[str, float | None]:
         """Share of positives among the top ``fraction`` of the target's scalars (ties split pro rata)."""
@@ -184,7 +203,7 @@ class StreamingAUC:
 def _distinct_value_bins(scores: list[torch.Tensor], cats: list[torch.Tensor]) -> tuple[np.ndarray, np.ndarray]:
     """One bin per distinct score: sort (key, category) pairs packed in a uint64 and count runs."""
     if not scores:
-        return np.zeros((0, _NCAT), dtype=np.int64), np.zeros(0, dtype=bool)
+        return np.zeros((0, _NCAT), dtype=np.int64), np.zeros((0, _NCAT), dtype=np.int64)
     packed = np.concatenate(
         [
             (float_keys(s).numpy().astype(np.uint64) << np.uint64(2)) | c.numpy().astype(np.uint64)
@@ -199,13 +218,14 @@ def _distinct_value_bins(scores: list[torch.Tensor], cats: list[torch.Tensor]) -
     run = np.cumsum(new_run) - 1
     n_runs = int(run[-1]) + 1
     counts = np.bincount(run * _NCAT + (packed & np.uint64(3)).astype(np.int64), minlength=n_runs * _NCAT)
-    return counts.reshape(-1, _NCAT), np.zeros(n_runs, dtype=bool)
+    return counts.reshape(-1, _NCAT), np.zeros((n_runs, _NCAT), dtype=np.int64)
 
 
-def binned_auc(pos: np.ndarray, neg: np.ndarray, mixed: np.ndarray | None = None) -> AUCResult:
+def binned_auc(pos: np.ndarray, neg: np.ndarray, uncertain: np.ndarray | None = None) -> AUCResult:
     """AUC from per-bin positive/negative counts in ascending score order; ties inside a bin count ½.
 
-    ``mixed`` flags bins that may hold several distinct values; their within-bin pairs bound the error.
+    ``uncertain`` counts, per bin, the (positive, negative) pairs that may hold distinct values; each
+    is off by at most ½ from the tie rule, so ``½ Σ uncertain / (P·N)`` bounds the error rigorously.
     """
     pos = np.asarray(pos, dtype=np.float64)
     neg = np.asarray(neg, dtype=np.float64)
@@ -214,7 +234,7 @@ def binned_auc(pos: np.ndarray, neg: np.ndarray, mixed: np.ndarray | None = None
         return AUCResult(None, 0.0, int(n_pos), int(n_neg))
     neg_below = np.cumsum(neg) - neg
     wins = float(np.dot(pos, neg_below + 0.5 * neg))
-    bound = 0.0 if mixed is None else float(0.5 * np.dot(pos[mixed], neg[mixed]) / (n_pos * n_neg))
+    bound = 0.0 if uncertain is None else float(0.5 * np.sum(uncertain) / (n_pos * n_neg))
     return AUCResult(min(1.0, max(0.0, wins / (n_pos * n_neg))), bound, int(n_pos), int(n_neg))
 
 

@@ -32,6 +32,7 @@ __all__ = [
     "SCORES",
     "Localization",
     "LocalizationConfig",
+    "qtile_values",
     "score_block",
     "within_tensor_quantile",
 ]
@@ -100,7 +101,7 @@ class LocalizationConfig:
     composite_samples: int = 2_000_000
     composite_folds: int = 5
     seed: int = 42
-    block_elems: int = 1 << 22
+    block_elems: int = 1 << 20  # scalars per read block: larger blocks fragment the heap (peak RSS)
     eps: float = 1e-10
     roc_points: int = 128
 
@@ -122,21 +123,27 @@ class _GroupStats:
         return math.sqrt(var)
 
 
-def within_tensor_quantile(delta: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """``qtile`` of spec §1.10: stable-argsort rank / (n − 1) of each scalar within its tensor.
+def within_tensor_quantile(delta: torch.Tensor) -> torch.Tensor:
+    """Order of spec §1.10's ``qtile``: ``order[r]`` is the flat index of the scalar of rank ``r``.
 
-    Returns ``(order, values)``: ``order[r]`` is the flat index of the scalar of rank ``r`` and
-    ``values[r] = r / (n − 1)`` as float32. Ties keep index order, exactly as a stable argsort.
+    Ranks come from a stable argsort (ties keep index order): keys and indices are packed into one
+    uint64 and sorted in place. ``qtile = r / (n − 1)`` follows from the rank (see :func:`qtile_values`).
     """
     flat = delta.reshape(-1)
     n = flat.numel()
     if n >= 1 << 32:
         raise ValueError(f"tensor of {n} scalars is too large for the packed stable sort")
-    packed = (float_keys(flat).numpy().astype(np.uint64) << np.uint64(32)) | np.arange(n, dtype=np.uint64)
+    packed = float_keys(flat).numpy().view(np.uint64)  # keys < 2**32, so the int64 bits are the uint64 value
+    packed <<= np.uint64(32)
+    packed |= np.arange(n, dtype=np.uint64)
     packed.sort()
-    order = torch.from_numpy((packed & np.uint64(0xFFFFFFFF)).astype(np.int64))
-    values = torch.arange(n, dtype=torch.float64) / max(1, n - 1)
-    return order, values.to(torch.float32)
+    packed &= np.uint64(0xFFFFFFFF)
+    return torch.from_numpy(packed.view(np.int64))
+
+
+def qtile_values(start: int, stop: int, n: int) -> torch.Tensor:
+    """``qtile`` of ranks ``[start, stop)`` in a tensor of ``n`` scalars: rank / (n − 1) as float32."""
+    return (torch.arange(start, stop, dtype=torch.float64) / max(1, n - 1)).to(torch.float32)
 
 
 def score_block(
@@ -449,22 +456,24 @@ class Localization:
         self, name: str, full: dict[str, torch.Tensor], cat: torch.Tensor, group_acc: StreamingAUC
     ) -> None:
         """Whole-tensor scores: qtile (and the per-group AUC on it) and crossfield."""
+        n, step = cat.numel(), self.config.block_elems
         if "delta" in full:
-            order, values = within_tensor_quantile(full["delta"])
-            sorted_cats = cat[order]
-            if "qtile" in self._acc:
+            order = within_tensor_quantile(full.pop("delta"))
+            for start in range(0, n, step):
+                values, sorted_cats = qtile_values(start, min(n, start + step), n), cat[order[start : start + step]]
                 self._acc["qtile"].add(values, sorted_cats)
-            if self.per_layer_score == "qtile":
-                group_acc.add(values, sorted_cats)
+                if self.per_layer_score == "qtile":
+                    group_acc.add(values, sorted_cats)
+            del order
         if "crossfield" in self._acc:
-            crossed: torch.Tensor | None = None
+            crossed = torch.full((n,), float("inf"))
             for i in range(len(self.crossfield)):
-                order, values = within_tensor_quantile(full[f"crossfield{i}"])
-                q = torch.empty_like(values)
-                q[order] = values
-                crossed = q if crossed is None else torch.minimum(crossed, q)
-            assert crossed is not None
-            self._acc["crossfield"].add(crossed, cat)
+                order = within_tensor_quantile(full.pop(f"crossfield{i}"))
+                for start in range(0, n, step):
+                    idx = order[start : start + step]
+                    crossed[idx] = torch.minimum(crossed[idx], qtile_values(start, start + idx.numel(), n))
+            for start in range(0, n, step):
+                self._acc["crossfield"].add(crossed[start : start + step], cat[start : start + step])
 
     def _sample_indices(self, numel: int) -> np.ndarray:
         """The composite's subsample of one tensor: the same fraction of every tensor (seeded)."""

@@ -1,0 +1,253 @@
+"""Throughput and peak memory of ``lacuna score`` on large synthetic checkpoint pairs.
+
+    python benchmarks/bench_score.py [--gb 2.0] [--naive-gb 0.25] [--workdir /tmp/lacuna_bench_score]
+
+Generates a Llama-shaped before/after pair stored as sharded bf16 safetensors (``--gb`` per
+checkpoint) with LACUNA-style masks (six disjoint 5% groups per projection) and a planted update
+(forget scalars move more than the rest), then measures, each in a fresh subprocess so peak RSS is
+the child's own:
+
+* ``read``: merely reading every tensor of both checkpoints in the scorer's blocks (the floor);
+* ``score``: ``score_pair`` with every score applicable to a pair (no FRAG: no tokenizer here),
+  and ``score --scores raw`` (no composite), the cheapest configuration;
+* ``naive``: at ``--naive-gb``, loading both checkpoints whole, flattening the universe and calling
+  ``sklearn.metrics.roc_auc_score`` (the reference script's shape), against our run on the same pair.
+
+Cold runs drop the files from the page cache first (``posix_fadvise(DONTNEED)``), warm runs do not.
+Prints a table of seconds, parameters/s, peak RSS and ratios to the read time of the same run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HIDDEN, INTERMEDIATE = 2048, 5632
+SHARD_BYTES = 500 * 1024 * 1024
+
+
+def layer_shapes(i: int) -> dict[str, tuple[int, ...]]:
+    p = f"model.layers.{i}."
+    shapes = {p + f"self_attn.{n}_proj.weight": (HIDDEN, HIDDEN) for n in "qkvo"}
+    shapes[p + "mlp.gate_proj.weight"] = (INTERMEDIATE, HIDDEN)
+    shapes[p + "mlp.up_proj.weight"] = (INTERMEDIATE, HIDDEN)
+    shapes[p + "mlp.down_proj.weight"] = (HIDDEN, INTERMEDIATE)
+    shapes[p + "input_layernorm.weight"] = (HIDDEN,)
+    shapes[p + "post_attention_layernorm.weight"] = (HIDDEN,)
+    return shapes
+
+
+def model_shapes(gb: float) -> dict[str, tuple[int, ...]]:
+    vocab = 8192
+    per_layer = 4 * HIDDEN * HIDDEN + 3 * HIDDEN * INTERMEDIATE
+    layers = max(1, round((gb * 1e9 / 2 - 2 * vocab * HIDDEN) / per_layer))
+    shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (vocab, HIDDEN)}
+    for i in range(layers):
+        shapes.update(layer_shapes(i))
+    shapes["model.norm.weight"] = (HIDDEN,)
+    shapes["lm_head.weight"] = (vocab, HIDDEN)
+    return shapes
+
+
+def generate(root: Path, gb: float, seed: int = 0) -> dict[str, Path]:
+    """Write before/, after/ (sharded bf16) and masks.safetensors under ``root``; reuse them if present."""
+    import torch
+
+    from lacuna_metrics.masks import MaskSet, component, save_masks
+
+    done = root / "done.json"
+    paths = {"before": root / "before", "after": root / "after", "masks": root / "masks.safetensors"}
+    if done.is_file() and json.loads(done.read_text()).get("gb") == gb:
+        return paths
+    gen = torch.Generator().manual_seed(seed)
+    masks: dict[str, torch.Tensor] = {}
+    writers = {label: _ShardWriter(paths[label]) for label in ("before", "after")}
+    for name, shape in model_shapes(gb).items():
+        before = (torch.randn(shape, generator=gen) * 0.02).to(torch.bfloat16)
+        after = before.clone()
+        if component(name) is not None:
+            groups = torch.randint(0, 20, shape, generator=gen, dtype=torch.int32)  # six groups of 5%
+            packed = torch.where(groups < 6, torch.ones_like(groups) << groups, torch.zeros_like(groups))
+            masks[name] = packed
+            forget = (packed & 0b010101) != 0
+            moved = forget | (torch.rand(shape, generator=gen) < 0.3)
+            delta = torch.randn(shape, generator=gen) * torch.where(forget, 2e-3, 5e-4) * moved
+            after = (before.float() + delta).to(torch.bfloat16)
+        writers["before"].add(name, before)
+        writers["after"].add(name, after)
+    for label, writer in writers.items():
+        writer.close()
+        (paths[label] / "config.json").write_text(json.dumps({"tie_word_embeddings": False}))
+    save_masks(MaskSet(packed=masks, num_groups=6), paths["masks"])
+    done.write_text(json.dumps({"gb": gb}))
+    return paths
+
+
+class _ShardWriter:
+    """Accumulate tensors into ~500 MB safetensors shards plus ``model.safetensors.index.json``."""
+
+    def __init__(self, out: Path) -> None:
+        out.mkdir(parents=True, exist_ok=True)
+        self.out, self.pending, self.size, self.weight_map = out, {}, 0, {}
+
+    def add(self, name: str, tensor) -> None:  # noqa: ANN001
+        if self.pending and self.size + tensor.numel() * 2 > SHARD_BYTES:
+            self._flush()
+        self.pending[name] = tensor
+        self.size += tensor.numel() * 2
+
+    def _flush(self) -> None:
+        from safetensors.torch import save_file
+
+        fname = f"model-{len(set(self.weight_map.values())) + 1:05d}.safetensors"
+        save_file(self.pending, str(self.out / fname), metadata={"format": "pt"})
+        self.weight_map.update(dict.fromkeys(self.pending, fname))
+        self.pending, self.size = {}, 0
+
+    def close(self) -> None:
+        if self.pending:
+            self._flush()
+        index = {"metadata": {}, "weight_map": self.weight_map}
+        (self.out / "model.safetensors.index.json").write_text(json.dumps(index, indent=1))
+
+
+def drop_cache(paths: list[Path]) -> None:
+    """Evict the files from the page cache, so the next read comes from disk (no root needed)."""
+    os.sync()
+    for root in paths:
+        files = [root] if root.is_file() else [p for p in root.iterdir() if p.is_file()]
+        for f in files:
+            fd = os.open(f, os.O_RDONLY)
+            try:
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            finally:
+                os.close(fd)
+
+
+# -- child processes ----------------------------------------------------------------------------------
+
+
+def child(kind: str, spec: dict) -> dict:
+    import resource
+
+    import torch
+
+    from lacuna_metrics.checkpoints import Checkpoint
+
+    torch.set_num_threads(os.cpu_count() or 1)
+    started = time.perf_counter()
+    out: dict = {}
+    if kind == "read":
+        total = 0
+        for label in ("before", "after"):
+            ck = Checkpoint(spec[label])
+            for name in ck.names:
+                for start, stop in ck.iter_blocks(name, 1 << 22):
+                    total += ck.read_raw(name, start, stop).numel()
+        out["params"] = total
+    elif kind == "score":
+        from lacuna_metrics.localization import LocalizationConfig
+        from lacuna_metrics.score import score_pair
+
+        config = LocalizationConfig(scores=tuple(spec["scores"]) if spec.get("scores") else None)
+        if spec.get("no_composite"):
+            config.composite = False
+        result = score_pair(
+            spec["after"], before=spec["before"], masks=spec["masks"], frag=False, config=config, progress=False
+        )
+        out["auc_forget"] = {k: v for k, v in result["auc"]["forget"].items() if k != "best"}
+        out["bound"] = max(b for b in result["auc_error_bound"]["forget"].values())
+        out["params"] = result["universe"]["scalars"]
+    elif kind == "naive":
+        import numpy as np
+        from safetensors.torch import load_file
+        from sklearn.metrics import roc_auc_score
+
+        from lacuna_metrics.masks import component, load_masks
+
+        def load_all(path: str) -> dict[str, torch.Tensor]:
+            index = json.loads((Path(path) / "model.safetensors.index.json").read_text())
+            state: dict[str, torch.Tensor] = {}
+            for f in sorted(set(index["weight_map"].values())):
+                state.update(load_file(str(Path(path) / f)))
+            return state
+
+        before, after = load_all(spec["before"]), load_all(spec["after"])
+        masks = load_masks(spec["masks"])
+        names = [n for n in masks.packed if component(n) is not None]
+        delta = np.concatenate([(after[n].float() - before[n].float()).abs().reshape(-1).numpy() for n in names])
+        forget = np.concatenate([masks.forget_mask(n).reshape(-1).numpy() for n in names])
+        out["auc_forget"] = {"raw": float(roc_auc_score(forget, delta))}
+        out["params"] = int(delta.size)
+    out["seconds"] = time.perf_counter() - started
+    out["peak_rss_gb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024**2
+    return out
+
+
+def run_child(kind: str, spec: dict, cold: bool) -> dict:
+    if cold:
+        drop_cache([Path(spec["before"]), Path(spec["after"]), Path(spec["masks"])])
+    cmd = [sys.executable, __file__, "--child", kind, "--spec", json.dumps(spec)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{kind} child failed:\n{proc.stderr[-3000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--gb", type=float, default=2.0, help="size of each synthetic checkpoint (bf16)")
+    parser.add_argument("--naive-gb", type=float, default=0.25, help="size where the naive baseline runs")
+    parser.add_argument("--workdir", default="/tmp/lacuna_bench_score")
+    parser.add_argument("--child")
+    parser.add_argument("--spec")
+    args = parser.parse_args()
+    if args.child:
+        print(json.dumps(child(args.child, json.loads(args.spec))))
+        return
+
+    rows = []
+    for label, gb in (("large", args.gb), ("small", args.naive_gb)):
+        t = time.perf_counter()
+        paths = generate(Path(args.workdir) / f"{gb:g}gb", gb)
+        print(f"[{label}] synthetic pair of {gb:g} GB each ready in {time.perf_counter() - t:.0f} s", file=sys.stderr)
+        spec = {k: str(v) for k, v in paths.items()}
+        runs = [("read", {}, True), ("read", {}, False)]
+        runs += [("score", {}, True), ("score", {"scores": ["raw"], "no_composite": True}, True)]
+        if label == "small":
+            runs += [("naive", {}, True)]
+        read_cold = None
+        for kind, extra, cold in runs:
+            result = run_child(kind, {**spec, **extra}, cold)
+            if kind == "read" and cold:
+                read_cold = result["seconds"]
+            name = kind + (" --scores raw" if extra.get("scores") else "") + (" (cold)" if cold else " (warm)")
+            rows.append((label, gb, name, result, result["seconds"] / read_cold if read_cold else None))
+            print(f"[{label}] {name}: {result['seconds']:.1f} s, peak {result['peak_rss_gb']:.2f} GB", file=sys.stderr)
+    print()
+    print("| pair | run | seconds | params/s | peak RSS GB | × cold read | AUC(forget) raw |")
+    print("|---|---|---|---|---|---|---|")
+    for _label, gb, name, r, ratio in rows:
+        params = r.get("params", 0)
+        raw = r.get("auc_forget", {}).get("raw")
+        print(
+            f"| {gb:g} GB | {name} | {r['seconds']:.1f} | {params / r['seconds'] / 1e6:.0f} M | "
+            f"{r['peak_rss_gb']:.2f} | {ratio:.2f} | {'' if raw is None else f'{raw:.6f}'} |"
+        )
+    small = {name: r for label, _gb, name, r, _ in rows if label == "small"}
+    naive, ours = small["naive (cold)"], small["score --scores raw (cold)"]
+    print()
+    print(
+        f"naive / ours (raw, {args.naive_gb:g} GB): {naive['seconds'] / ours['seconds']:.2f}x time, "
+        f"{naive['peak_rss_gb'] / ours['peak_rss_gb']:.2f}x peak RSS; "
+        f"|AUC diff| = {abs(naive['auc_forget']['raw'] - ours['auc_forget']['raw']):.2e}"
+    )
+
+
+if __name__ == "__main__":
+    main()
