@@ -24,7 +24,7 @@ def roc_auc(scores: np.ndarray, labels: np.ndarray) -> float:
     order = np.argsort(scores, kind="mergesort")
     sorted_scores = scores[order]
     # average ranks (1-based) over runs of equal scores
-    boundaries = np.flatnonzero(np.diff(sorted_scores)) + 1
+    boundaries = np.flatnonzero(sorted_scores[1:] != sorted_scores[:-1]) + 1  # not np.diff: inf - inf is NaN
     starts = np.concatenate(([0], boundaries))
     ends = np.concatenate((boundaries, [scores.size]))
     avg_rank = (starts + ends + 1) / 2.0
@@ -111,6 +111,8 @@ class StreamingAUC:
             raise ValueError(f"{scores.numel()} scores but {cats.numel()} categories")
         if bool(torch.isnan(scores).any()):
             raise ValueError("scores contain NaN")
+        if cats.numel() and int(cats.max()) > FORGET:
+            raise ValueError(f"category codes must be {OUTSIDE}, {RETAIN} or {FORGET}, got {int(cats.max())}")
         if self._scores is not None:
             self._exact_bins = None
             self._scores.append(scores.clone())
@@ -247,7 +249,7 @@ def binned_precision(pos: np.ndarray, neg: np.ndarray, fractions: tuple[float, .
     out: dict[str, float | None] = {}
     for fraction in fractions:
         label = f"{fraction * 100:g}%"
-        k = math.ceil(fraction * n)
+        k = math.ceil(round(fraction * n, 9))  # round first: 0.07 * 100 is 7.000000000000001
         if k == 0:
             out[label] = None
             continue

@@ -84,29 +84,35 @@ class Checkpoint:
         self._infos: dict[str, TensorInfo] = {}
         self._aliases: dict[str, str] = {}
         self._pickle_cache: tuple[Path, dict[str, torch.Tensor]] | None = None
-        self._files = self._discover()
+        self._files, expected = self._discover()
         for file in self._files:
             for info in _safetensors_header(file) if file.suffix == ".safetensors" else _pickle_infos(file):
                 if info.name in self._infos:
-                    raise CheckpointError(f"{self.path}: tensor {info.name!r} appears in two files")
+                    first = self._infos[info.name].file.name
+                    raise CheckpointError(f"{self.path}: tensor {info.name!r} appears in {first} and {file.name}")
                 self._infos[info.name] = info
         if not self._infos:
             raise CheckpointError(f"{self.path}: no tensors found")
+        for name, file in expected.items():
+            if name not in self._infos or self._infos[name].file != file:
+                raise CheckpointError(f"{self.path}: the index maps {name!r} to {file.name}, which does not hold it")
         self._add_tied_aliases()
 
     # -- layout -------------------------------------------------------------------------------------
 
-    def _discover(self) -> list[Path]:
+    def _discover(self) -> tuple[list[Path], dict[str, Path]]:
+        """Weight files, and for sharded checkpoints which file the index says holds each tensor."""
         p = self.path
         if p.is_file():
-            return [p]
+            return [p], {}
         for index_name in ("model.safetensors.index.json", "pytorch_model.bin.index.json"):
             index = p / index_name
             if index.is_file():
-                return _index_files(index)
+                weight_map = _index_map(index)
+                return list(dict.fromkeys(weight_map.values())), weight_map
         for single in ("model.safetensors", "pytorch_model.bin"):
             if (p / single).is_file():
-                return [p / single]
+                return [p / single], {}
         raise CheckpointError(
             f"{p}: no model.safetensors, model.safetensors.index.json, pytorch_model.bin or its index found"
         )
@@ -190,9 +196,11 @@ class Checkpoint:
         return out
 
     def read_raw(self, name: str, start: int = 0, stop: int | None = None) -> torch.Tensor:
-        """Rows ``[start, stop)`` of ``name`` in the stored dtype, unchecked (masks, benchmarks)."""
+        """Rows ``[start, stop)`` of ``name`` in the stored dtype, without the NaN check (masks, benchmarks)."""
         info = self.info(name)
         stop = info.rows if stop is None else stop
+        if not 0 <= start <= stop <= info.rows:
+            raise CheckpointError(f"{info.file}: rows [{start}, {stop}) out of range for {name!r} {info.shape}")
         row_shape = info.shape[1:]
         row_elems = math.prod(row_shape)
         shape = (stop - start, *row_shape) if info.shape else ()
@@ -239,7 +247,7 @@ def _itemsize(dtype: torch.dtype) -> int:
     return torch.empty((), dtype=dtype).element_size()
 
 
-def _index_files(index: Path) -> list[Path]:
+def _index_map(index: Path) -> dict[str, Path]:
     try:
         data = json.loads(index.read_text())
     except json.JSONDecodeError as exc:
@@ -247,14 +255,13 @@ def _index_files(index: Path) -> list[Path]:
     weight_map = data.get("weight_map") if isinstance(data, dict) else None
     if not isinstance(weight_map, dict) or not weight_map:
         raise CheckpointError(f"{index}: missing or empty 'weight_map'")
-    files: list[Path] = []
+    out: dict[str, Path] = {}
     for name, shard in weight_map.items():
         path = index.parent / str(shard)
         if not path.is_file():
             raise CheckpointError(f"{index}: shard {shard!r} (holding {name!r}) not found")
-        if path not in files:
-            files.append(path)
-    return files
+        out[str(name)] = path
+    return out
 
 
 def _safetensors_header(file: Path) -> list[TensorInfo]:
@@ -285,6 +292,8 @@ def _safetensors_header(file: Path) -> list[TensorInfo]:
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise CheckpointError(f"{file}: malformed header entry for tensor {name!r}: {exc}") from exc
+        if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in (begin, end, *shape)):
+            raise CheckpointError(f"{file}: tensor {name!r} has invalid data_offsets {[begin, end]} or shape {shape}")
         if dtype_name not in _SAFETENSORS_DTYPES:
             raise CheckpointError(
                 f"{file}: tensor {name!r} has dtype {dtype_name}; supported: {sorted(_SAFETENSORS_DTYPES)}"
@@ -337,8 +346,9 @@ def check_compatible(checkpoints: Mapping[str, Checkpoint], names: Sequence[str]
             extra = [n for n in ckpt.names if n not in set(wanted)]
             if extra:
                 problems.append(f"{label} ({ckpt.path}) has {len(extra)} tensors {ref_label} lacks: {_preview(extra)}")
+        ref_have = set(ref.names)
         for n in wanted:
-            if n in have and ckpt.shape(n) != ref.shape(n):
+            if n in have and n in ref_have and ckpt.shape(n) != ref.shape(n):
                 problems.append(f"{n}: {ref_label} {list(ref.shape(n))} vs {label} {list(ckpt.shape(n))}")
     if problems:
         raise CheckpointError("checkpoints do not match:\n  " + "\n  ".join(problems[:50]))
