@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import subprocess
 import sys
@@ -45,7 +46,7 @@ def layer_shapes(i: int) -> dict[str, tuple[int, ...]]:
 def model_shapes(gb: float) -> dict[str, tuple[int, ...]]:
     vocab = 8192
     per_layer = 4 * HIDDEN * HIDDEN + 3 * HIDDEN * INTERMEDIATE
-    layers = max(1, round((gb * 1e9 / 2 - 2 * vocab * HIDDEN) / per_layer))
+    layers = max(1, math.ceil((gb * 1e9 / 2 - 2 * vocab * HIDDEN) / per_layer))  # at least gb * 1e9 bytes
     shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (vocab, HIDDEN)}
     for i in range(layers):
         shapes.update(layer_shapes(i))

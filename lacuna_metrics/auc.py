@@ -55,6 +55,16 @@ def float_keys(scores: torch.Tensor) -> torch.Tensor:
     return signed.to(torch.int64) + (1 << 31)
 
 
+def signed_keys(scores: torch.Tensor) -> torch.Tensor:
+    """Order-preserving int32 keys of float32 scores (``float_keys − 2**31``), −0 and +0 equal."""
+    x = scores.reshape(-1).to(torch.float32)
+    bits = x.view(torch.int32)
+    if not bool((bits < 0).any()):  # non-negative scores (most of them): the bits are already the key
+        return bits
+    bits = (x + 0.0).view(torch.int32)  # -0.0 + 0.0 == +0.0
+    return bits ^ ((bits >> 31) & 0x7FFFFFFF)
+
+
 @dataclass
 class AUCResult:
     """One ROC-AUC with a rigorous bound on its distance to the exact Mann-Whitney value."""
@@ -96,6 +106,7 @@ class StreamingAUC:
         self._low_min: torch.Tensor | None = None  # [bins] smallest nonzero low-order key bits per bin
         self._low_max: torch.Tensor | None = None  # [bins] largest (-1: none)
         self._off_edge: torch.Tensor | None = None  # [bins * 3] counts of keys not on their bin's lower edge
+        self._ones = torch.ones(0, dtype=torch.int64)
 
     @property
     def count(self) -> int:
@@ -136,18 +147,21 @@ class StreamingAUC:
 
     def _histogram(self, scores: torch.Tensor, cats: torch.Tensor) -> None:
         assert self._counts is not None and self._low_min is not None and self._low_max is not None
-        keys = float_keys(scores)
-        bins = keys >> self._shift
+        keys = signed_keys(scores)  # int32: 4-byte passes instead of 8-byte ones
+        bins = (keys >> self._shift) + (1 << (self.bits - 1))  # same bins as float_keys(...) >> shift
         low = keys & ((1 << self._shift) - 1)
-        index = bins * _NCAT + cats.to(torch.int64)
-        ones = torch.ones_like(index)
+        index = (bins * _NCAT + cats).to(torch.int64)
+        if self._ones.numel() < index.numel():
+            self._ones = torch.ones(index.numel(), dtype=torch.int64)
+        ones = self._ones[: index.numel()]
         self._counts.scatter_add_(0, index, ones)
         off = low != 0
         if bool(off.any()):  # rare for scores of bf16 weights, whose low mantissa bits are zero
             assert self._off_edge is not None
             self._off_edge.scatter_add_(0, index[off], ones[: int(off.sum())])
-            self._low_min.scatter_reduce_(0, bins[off], low[off], "amin")
-            self._low_max.scatter_reduce_(0, bins[off], low[off], "amax")
+            off_bins, off_low = bins[off].to(torch.int64), low[off].to(torch.int64)
+            self._low_min.scatter_reduce_(0, off_bins, off_low, "amin")
+            self._low_max.scatter_reduce_(0, off_bins, off_low, "amax")
 
     def _binned(self) -> tuple[np.ndarray, np.ndarray]:
         """Per-bin category counts ``[bins, 3]`` in ascending score order, and per bin the counts of keys

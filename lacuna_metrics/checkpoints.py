@@ -33,6 +33,7 @@ __all__ = [
     "TensorInfo",
     "check_compatible",
     "prefetched",
+    "release_memory",
 ]
 
 _SAFETENSORS_DTYPES: dict[str, torch.dtype] = {
@@ -404,3 +405,26 @@ def prefetched(make: Callable[[], Iterator[T]], depth: int = 1) -> Iterator[T]:
                 q.get_nowait()
             except queue.Empty:
                 thread.join(timeout=0.05)
+
+
+_LIBC: Any = None
+
+
+def release_memory() -> None:
+    """Hand freed heap pages back to the OS (glibc ``malloc_trim``; a no-op elsewhere).
+
+    Streaming allocates and frees many tensor-sized buffers; glibc keeps the freed pages mapped, so
+    without a trim the resident size creeps up to a multiple of the largest tensor.
+    """
+    global _LIBC
+    if _LIBC is None:
+        import ctypes
+        import ctypes.util
+
+        try:
+            _LIBC = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+            _LIBC.malloc_trim.argtypes = [ctypes.c_size_t]
+        except (OSError, AttributeError):
+            _LIBC = False
+    if _LIBC:
+        _LIBC.malloc_trim(0)

@@ -22,8 +22,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from lacuna_metrics.auc import FORGET, OUTSIDE, RETAIN, TARGETS, StreamingAUC, float_keys, roc_auc
-from lacuna_metrics.checkpoints import Checkpoint, CheckpointError, prefetched
+from lacuna_metrics.auc import FORGET, OUTSIDE, RETAIN, TARGETS, StreamingAUC, roc_auc, signed_keys
+from lacuna_metrics.checkpoints import Checkpoint, CheckpointError, prefetched, release_memory
 from lacuna_metrics.masks import MaskError, MaskReader, component, layer_index
 
 __all__ = [
@@ -133,9 +133,13 @@ def within_tensor_quantile(delta: torch.Tensor) -> torch.Tensor:
     n = flat.numel()
     if n >= 1 << 32:
         raise ValueError(f"tensor of {n} scalars is too large for the packed stable sort")
-    packed = float_keys(flat).numpy().view(np.uint64)  # keys < 2**32, so the int64 bits are the uint64 value
+    packed = signed_keys(flat).numpy().astype(np.int64)
+    packed += 1 << 31  # now in [0, 2**32): as uint64 the same bits, and room for the index below
+    packed = packed.view(np.uint64)
     packed <<= np.uint64(32)
-    packed |= np.arange(n, dtype=np.uint64)
+    step = 1 << 22
+    for start in range(0, n, step):  # in slices: no second n-sized temporary
+        packed[start : start + step] |= np.arange(start, min(n, start + step), dtype=np.uint64)
     packed.sort()
     packed &= np.uint64(0xFFFFFFFF)
     return torch.from_numpy(packed.view(np.int64))
@@ -336,6 +340,8 @@ class Localization:
             members, cats = self._first_pass(key, names, on_pair, progress)
             if members:
                 self._second_pass(key, members, cats)
+            del cats
+            release_memory()
         return self._results()
 
     def _first_pass(
@@ -465,6 +471,7 @@ class Localization:
                 if self.per_layer_score == "qtile":
                     group_acc.add(values, sorted_cats)
             del order
+            release_memory()
         if "crossfield" in self._acc:
             crossed = torch.full((n,), float("inf"))
             for i in range(len(self.crossfield)):
