@@ -240,10 +240,13 @@ class Localization:
         self.before, self.after, self.masks, self.base, self.control = before, after, masks, base, control
         self.crossfield = list(crossfield)
         available = {"base": base is not None, "control": control is not None, "crossfield": len(crossfield) >= 2}
-        requested = SCORES if self.config.scores is None else tuple(self.config.scores)
-        unknown = [s for s in requested if s not in SCORES]
+        self._available = available
+        chosen = self.config.scores
+        unknown = [s for s in chosen or () if s not in (*SCORES, "composite")]
         if unknown:
-            raise ValueError(f"unknown scores {unknown}; choose from {list(SCORES)}")
+            raise ValueError(f"unknown scores {unknown}; choose from {[*SCORES, 'composite']}")
+        requested = SCORES if chosen is None else tuple(s for s in chosen if s != "composite")
+        self._want_composite = self.config.composite and (chosen is None or "composite" in chosen)
         self.not_applicable = {
             s: _WHY[_NEEDS[s]] for s in (*requested, *BASELINES) if not available.get(_NEEDS.get(s, ""), True)
         }
@@ -261,7 +264,8 @@ class Localization:
         self._feature_cats: list[np.ndarray] = []
         self._rng = np.random.default_rng(cfg.seed)
         self.per_layer_score = "qtile" if "qtile" in self.scores else "raw"
-        total = sum(self.masks.numel(n) for n in self.candidates)
+        self._members = self._find_universe()
+        total = sum(self.masks.numel(n) for n in self._members)
         self._sample_fraction = min(1.0, cfg.composite_samples / max(1, total))
 
     # -- planning -----------------------------------------------------------------------------------
@@ -280,6 +284,25 @@ class Localization:
         if not names:
             raise MaskError(f"{self.masks.path}: no masked attention/MLP tensors in {self.before.path}")
         return set(names)
+
+    def _find_universe(self) -> set[str]:
+        """Candidates with at least one forget scalar and one other scalar (spec §1.10), from the masks alone.
+
+        Known before scoring, so the composite's sampling fraction is exact (one extra read of the masks).
+        """
+        members = set()
+        for name in self.candidates:
+            shape = self.before.shape(name)
+            forget = total = 0
+            for start, stop in self.before.iter_blocks(name, self.config.block_elems):
+                packed = self.masks.read(name, shape, start, stop)
+                forget += int(((packed & self.masks.forget_bits) != 0).sum())
+                total += packed.numel()
+            if 0 < forget < total:
+                members.add(name)
+        if not members:
+            raise MaskError(f"{self.masks.path}: no tensor has both forget and non-forget scalars; nothing to score")
+        return members
 
     def _units(self) -> list[tuple[tuple[int, str] | None, list[str]]]:
         """Tensors in file order, masked ones grouped by (layer, component)."""
@@ -381,9 +404,7 @@ class Localization:
                 t["dc"] += float(dc.sum())
                 t["c"][0] += float(contrast.sum())
                 t["c"][1] += float((contrast * contrast).sum())
-        members = [
-            n for n in names if per_tensor[n]["k"][FORGET] > 0 and per_tensor[n]["k"][FORGET] < per_tensor[n]["n"]
-        ]
+        members = [n for n in names if n in self._members]
         stats = _GroupStats()
         for n in members:
             t = per_tensor[n]
@@ -490,10 +511,10 @@ class Localization:
         return np.sort(self._rng.choice(numel, size=k, replace=False)) if k else np.zeros(0, dtype=np.int64)
 
     def composite_features(self) -> list[str]:
-        if not self.config.composite or self.config.composite_samples <= 0:
+        """The composite's features available for this run (empty when the composite is off)."""
+        if not self._want_composite or self.config.composite_samples <= 0:
             return []
-        available = set(self.scores) | {"raw", "layernorm"}
-        return [f for f in COMPOSITE_FEATURES if f in available and f not in self.not_applicable]
+        return [f for f in COMPOSITE_FEATURES if self._available.get(_NEEDS.get(f, ""), True)]
 
     # -- results ------------------------------------------------------------------------------------
 

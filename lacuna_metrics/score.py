@@ -57,6 +57,7 @@ def score_pair(
     calib_forget: PathLike | None = None,
     calib_retain: PathLike | None = None,
     frag: bool = True,
+    localize: bool = True,
     gamma: float = 1.0,
     frag_target: str = "all",
     calib_samples: int = 128,
@@ -70,7 +71,8 @@ def score_pair(
 
     With ``testbed``, ``before`` / ``masks`` / ``base`` and the FRAG calibration text (the testbed's
     forget and retain splits) default to the testbed's ``model/``, ``masks.safetensors``, ``base/``
-    and ``data/``. Without masks the localization section is ``None``; without calibration text FRAG is.
+    and ``data/``. Without masks (or with ``localize=False``) the localization section is ``None``;
+    without calibration text (or with ``frag=False``) FRAG is.
     """
     started = time.time()
     defaults: dict[str, Path | None] = {}
@@ -79,7 +81,7 @@ def score_pair(
     before = before or defaults.get("before")
     if before is None:
         raise ValueError("give --before (or --testbed) for the checkpoint before unlearning")
-    masks = masks or defaults.get("masks")
+    masks = (masks or defaults.get("masks")) if localize else None
     base = base or defaults.get("base")
     if (control_before is None) != (control_after is None):
         raise ValueError("give both --control-before and --control-after, or neither")

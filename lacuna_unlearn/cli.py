@@ -65,7 +65,7 @@ def _score(args: argparse.Namespace) -> int:
     if args.testbed is None and (args.before is None or args.masks is None and not args.no_masks):
         raise ValueError("give --testbed DIR, or --before DIR with --masks FILE (or --no-masks for FRAG/distance only)")
     scores = tuple(s for s in args.scores.split(",") if s) if args.scores else None
-    if scores is not None and (bad := [s for s in scores if s not in SCORES]):
+    if scores is not None and (bad := [s for s in scores if s not in (*SCORES, "composite")]):
         raise ValueError(f"--scores: unknown {bad}; choose from {','.join(SCORES)}")
     config = LocalizationConfig(
         scores=scores,
@@ -81,7 +81,8 @@ def _score(args: argparse.Namespace) -> int:
         plots=args.plots,
         after=args.after,
         before=args.before,
-        masks=None if args.no_masks else args.masks,
+        masks=args.masks,
+        localize=not args.no_masks,
         testbed=args.testbed,
         base=args.base,
         control_before=args.control_before,
@@ -181,7 +182,9 @@ def build_parser() -> argparse.ArgumentParser:
     score.add_argument("--frag-target", default="all", choices=["all", "mlp", "linear"])
     score.add_argument("--no-frag", action="store_true", help="skip FRAG (no forward passes)")
     score.add_argument("--activation-cache", help="activation statistics cache (default: $LACUNA_CACHE or ~/.cache)")
-    score.add_argument("--scores", help="comma-separated subset of scoring functions (default: all applicable)")
+    score.add_argument(
+        "--scores", help="comma-separated scoring functions, 'composite' included (default: all applicable)"
+    )
     score.add_argument("--composite-samples", type=int, default=2_000_000, help="composite subsample; 0 skips it")
     score.add_argument("--bins-bits", type=int, default=20, help="histogram resolution beyond --exact-limit")
     score.add_argument("--exact-limit", type=int, default=1 << 22, help="scalars scored exactly in memory per score")
