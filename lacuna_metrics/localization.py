@@ -255,7 +255,7 @@ class Localization:
         self.candidates = self._candidates()
         cfg = self.config
         self._acc = {s: StreamingAUC(cfg.bins_bits, cfg.exact_limit) for s in (*self.scores, *self.baselines)}
-        self._group_acc: dict[tuple[int, str], StreamingAUC] = {}
+        self._group_auc: dict[tuple[int, str], dict[str, Any]] = {}  # per-group AUCs, kept as numbers
         self._group_stats: dict[tuple[int, str], _GroupStats] = {}
         self._group_tensors: dict[tuple[int, str], list[str]] = {}
         self._universe: list[str] = []
@@ -426,7 +426,7 @@ class Localization:
         cfg = self.config
         stats = self._group_stats[key]
         sigma, sigma_c = stats.sigma("delta"), stats.sigma("contrast")
-        group_acc = self._group_acc.setdefault(key, StreamingAUC(cfg.group_bins_bits, cfg.group_exact_limit))
+        group_acc = StreamingAUC(cfg.group_bins_bits, cfg.group_exact_limit)  # dropped when the group is done
         wanted = [s for s in (*self.scores, *self.baselines) if s in _ELEMENTWISE or s in BASELINES]
         feature_names = self.composite_features()
         need_full = "qtile" in self.scores
@@ -478,6 +478,8 @@ class Localization:
                     self._feature_cats.append(cat[idx].numpy())
         if current is not None:
             self._finish_tensor(current, full, cats[current], group_acc)
+        results = {t: group_acc.result(t) for t in TARGETS}
+        self._group_auc[key] = {t: (r.value, r.error_bound) for t, r in results.items()}
 
     def _finish_tensor(
         self, name: str, full: dict[str, torch.Tensor], cat: torch.Tensor, group_acc: StreamingAUC
@@ -578,7 +580,7 @@ class Localization:
     def _per_layer(self) -> list[dict[str, Any]]:
         rows = []
         for key, stats in sorted(self._group_stats.items()):
-            acc = self._group_acc.get(key)
+            auc = self._group_auc[key]
             energy = sum(stats.energy)
             rows.append(
                 {
@@ -586,7 +588,8 @@ class Localization:
                     "component": key[1],
                     "tensors": self._group_tensors[key],
                     "scalars": stats.n,
-                    "auc": {t: (acc.result(t).value if acc is not None else None) for t in TARGETS},
+                    "auc": {t: auc[t][0] for t in TARGETS},
+                    "auc_error_bound": {t: auc[t][1] for t in TARGETS},
                     "update_mass": {
                         "forget": stats.energy[FORGET] / energy if energy else None,
                         "retain": stats.energy[RETAIN] / energy if energy else None,
