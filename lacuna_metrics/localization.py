@@ -288,18 +288,19 @@ class Localization:
     def _find_universe(self) -> set[str]:
         """Candidates with at least one forget scalar and one other scalar (spec §1.10), from the masks alone.
 
-        Known before scoring, so the composite's sampling fraction is exact (one extra read of the masks).
+        Known before scoring, so the composite's sampling fraction is exact (reads each mask until decided).
         """
         members = set()
         for name in self.candidates:
             shape = self.before.shape(name)
-            forget = total = 0
+            forget = other = 0
             for start, stop in self.before.iter_blocks(name, self.config.block_elems):
                 packed = self.masks.read(name, shape, start, stop)
-                forget += int(((packed & self.masks.forget_bits) != 0).sum())
-                total += packed.numel()
-            if 0 < forget < total:
-                members.add(name)
+                hits = int(((packed & self.masks.forget_bits) != 0).sum())
+                forget, other = forget + hits, other + packed.numel() - hits
+                if forget and other:  # usually decided by the first block
+                    members.add(name)
+                    break
         if not members:
             raise MaskError(f"{self.masks.path}: no tensor has both forget and non-forget scalars; nothing to score")
         return members
