@@ -255,33 +255,23 @@ def calibration_texts(source: str | os.PathLike[str] | None, split: str, n: int 
 
 
 def _texts_from_file(path: Path, n: int) -> list[str]:
+    from lacuna_tasks.loader import read_rows
     from lacuna_tasks.prompts import qa_text
 
     suffix = path.suffix.lower()
-    if suffix not in (".jsonl", ".txt"):
+    if suffix == ".txt":
+        with path.open(encoding="utf-8") as fh:
+            return [line.rstrip("\r\n") for line in fh if line.strip()][:n]
+    if suffix != ".jsonl":
         raise ValueError(f"calibration file {path}: expected a .jsonl or .txt file")
     texts: list[str] = []
-    with path.open(encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, 1):
-            if len(texts) >= n:
-                break
-            if not line.strip():
-                continue
-            if suffix == ".txt":
-                texts.append(line.rstrip("\r\n"))
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise ValueError(f"{path}:{lineno}: malformed JSON: {exc}") from exc
-            if not isinstance(row, dict):
-                raise ValueError(f"{path}:{lineno}: expected a JSON object")
-            if isinstance(row.get("text"), str):
-                texts.append(row["text"])
-            elif isinstance(row.get("question"), str) and isinstance(row.get("answer"), str):
-                texts.append(qa_text(row["question"], row["answer"]))
-            else:
-                raise ValueError(f"{path}:{lineno}: expected a string field 'text', or 'question' and 'answer'")
+    for lineno, row in enumerate(read_rows(path)[:n], 1):
+        if isinstance(row.get("text"), str):
+            texts.append(row["text"])
+        elif isinstance(row.get("question"), str) and isinstance(row.get("answer"), str):
+            texts.append(qa_text(row["question"], row["answer"]))
+        else:
+            raise ValueError(f"{path}: row {lineno}: expected a string field 'text', or 'question' and 'answer'")
     return texts
 
 

@@ -109,7 +109,7 @@ def _load_dir(path: Path, display: str) -> LacunaData:
     splits: dict[str, list[dict[str, Any]]] = {}
     if files:
         for split, file in files.items():
-            splits[split] = validate_rows(_read_table(file), source=str(file), split=split)
+            splits[split] = validate_rows(read_rows(file), source=str(file), split=split)
     elif (path / "dataset_dict.json").exists():
         import datasets
 
@@ -129,7 +129,7 @@ def _load_dir(path: Path, display: str) -> LacunaData:
     profiles = None
     for name in ("profiles.jsonl", "profiles.parquet"):
         if (path / name).is_file():
-            table = _read_table(path / name)
+            table = read_rows(path / name)
             profiles = {}
             for i, row in enumerate(table):
                 if "Unique ID" not in row:
@@ -145,7 +145,8 @@ def _load_dir(path: Path, display: str) -> LacunaData:
     )
 
 
-def _read_table(file: Path) -> list[dict[str, Any]]:
+def read_rows(file: Path) -> list[dict[str, Any]]:
+    """Rows of a JSONL or parquet file; malformed lines raise LacunaDataError naming file and line."""
     if file.suffix == ".parquet":
         import pyarrow.parquet as pq
 
