@@ -335,6 +335,11 @@ class MaskSet:
                     f"mask for {name!r} has {packed.numel()} scalars but parameter has shape "
                     f"{_shape_str(target)} ({_numel(target)} scalars) in {source}"
                 )
+            if packed.dim() > 1 and tuple(packed.shape) != tuple(target):
+                raise MaskError(  # a transposed mask would reshape silently into scrambled ground truth
+                    f"mask for {name!r} has shape {_shape_str(packed.shape)} but parameter has shape "
+                    f"{_shape_str(target)} in {source}; only flat masks are reshaped"
+                )
             out[name] = packed.reshape(target)
         return dataclasses.replace(self, packed=out, extra=dict(self.extra))
 

@@ -183,7 +183,7 @@ def mask_gradients(named_params: Sequence[tuple[str, torch.nn.Parameter]], masks
         if packed is None:
             param.grad = None  # outside every mask: no PII gradient, and its optimizer state does not step
         else:
-            param.grad.masked_fill_((packed & bit) == 0, 0.0)
+            param.grad.masked_fill_(((packed & bit) == 0).to(param.grad.device), 0.0)  # masks live on the CPU
 
 
 def train_steps(

@@ -533,7 +533,7 @@ def test_calibration_texts_from_files(tmp_path):
         calibration_texts(bad, "forget")
     nofield = tmp_path / "nofield.jsonl"
     nofield.write_text(json.dumps({"q": 1}) + "\n")
-    with pytest.raises(ValueError, match=f"{nofield}:1: expected a string field 'text'"):
+    with pytest.raises(ValueError, match=f"{nofield}: row 1: expected a string field 'text'"):
         calibration_texts(nofield, "forget")
     other = tmp_path / "cal.csv"
     other.write_text("a\n")
