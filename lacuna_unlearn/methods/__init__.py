@@ -1,0 +1,35 @@
+"""Unlearning methods: one small module each, registered by name (OpenUnlearning's registry pattern).
+
+A method turns a ``{"forget": batch, "retain": batch}`` input into a loss, using the shared helpers of
+:mod:`lacuna_unlearn.losses`. ``needs_reference`` asks the trainer for a frozen copy of the initial model.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from lacuna_unlearn.methods.base import Method
+from lacuna_unlearn.methods.grad_ascent import GradAscent
+from lacuna_unlearn.methods.grad_diff import GradDiff
+from lacuna_unlearn.methods.npo import NPO
+from lacuna_unlearn.methods.simnpo import SimNPO
+
+__all__ = ["METHODS", "Method", "make_method"]
+
+METHODS: dict[str, type[Method]] = {
+    "grad_ascent": GradAscent,
+    "grad_diff": GradDiff,
+    "npo": NPO,
+    "simnpo": SimNPO,
+}
+
+
+def make_method(name: str, **args: Any) -> Method:
+    """Instantiate a registered method with its hyper-parameters; unknown names and arguments are errors."""
+    if name not in METHODS:
+        raise ValueError(f"unknown method {name!r}; available: {sorted(METHODS)}")
+    cls = METHODS[name]
+    try:
+        return cls(**args)
+    except TypeError as exc:
+        raise ValueError(f"method {name!r}: {exc}") from None

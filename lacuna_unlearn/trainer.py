@@ -1,0 +1,185 @@
+"""Run one unlearning method on HF ``Trainer`` (+ accelerate): data, restriction, reference model, manifest.
+
+:class:`UnlearnTrainer` only swaps the loss: the method computes it from ``{"forget", "retain"}``
+batches. :func:`unlearn` is the whole job: it loads a local checkpoint, builds the paired data, applies
+an optional gradient restriction (``forget_mask`` = OracleGrad with GradDiff), trains, verifies that
+restricted scalars did not move, and writes an HF checkpoint plus ``unlearn_manifest.json``
+atomically (``OUT.partial`` renamed at the end).
+"""
+
+from __future__ import annotations
+
+import copy
+import shutil
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import Trainer, TrainingArguments
+
+from lacuna_metrics.manifest import hardware, package_versions, write_json
+from lacuna_metrics.masks import MaskSet
+from lacuna_unlearn.methods import Method
+from lacuna_unlearn.unlearn_data import ForgetRetainDataset, QADataset, collate_forget_retain
+
+__all__ = ["TrainConfig", "UnlearnTrainer", "unlearn"]
+
+UNLEARN_PACKAGES = ("lacuna-bench", "torch", "transformers", "accelerate", "peft")
+
+
+class UnlearnTrainer(Trainer):
+    """HF ``Trainer`` whose loss is the unlearning method's (OpenUnlearning's ``compute_loss`` contract)."""
+
+    def __init__(self, *args: Any, method: Method, ref_model: torch.nn.Module | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.method = method
+        self.ref_model = ref_model
+        self.last_logs: dict[str, float] = {}
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):  # noqa: ANN001, ANN201
+        loss, logs = self.method.loss(model, inputs, self.ref_model)
+        self.last_logs = logs
+        return (loss, None) if return_outputs else loss
+
+
+@dataclass
+class TrainConfig:
+    """Optimisation settings (OpenUnlearning ``trainer.args`` names)."""
+
+    learning_rate: float = 1e-5
+    num_train_epochs: float = 1.0
+    per_device_train_batch_size: int = 8
+    gradient_accumulation_steps: int = 1
+    weight_decay: float = 0.0
+    lr_scheduler_type: str = "constant"
+    warmup_steps: int = 0
+    max_length: int = 256
+    seed: int = 42
+    max_steps: int = -1
+    extra: dict[str, Any] = field(default_factory=dict)  # any other TrainingArguments
+
+
+def unlearn(
+    model_dir: str | Path,
+    forget_rows: Sequence[Mapping[str, Any]],
+    retain_rows: Sequence[Mapping[str, Any]],
+    method: Method,
+    out_dir: str | Path,
+    *,
+    train: TrainConfig | None = None,
+    restrict: str = "none",
+    masks: MaskSet | None = None,
+    method_name: str = "",
+    data_fingerprint: str = "",
+    force: bool = False,
+) -> Path:
+    """Unlearn ``forget_rows`` from the checkpoint at ``model_dir``; return the output directory."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from lacuna_unlearn.restrict import apply_restriction, param_groups, parse_restriction, restriction_stats
+    from lacuna_unlearn.restrict import verify_unchanged as check_unchanged
+
+    train = train or TrainConfig()
+    out = Path(out_dir)
+    if out.exists() and not force:
+        raise FileExistsError(f"{out} exists; pass force=True (--force / force=true) to overwrite")
+    partial = out.with_name(out.name + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    started = time.time()
+    torch.manual_seed(train.seed)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, local_files_only=True, trust_remote_code=False)
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    forget = QADataset(forget_rows, tokenizer, train.max_length, name="forget")
+    retain = QADataset(retain_rows, tokenizer, train.max_length, name="retain") if method.needs_retain else None
+
+    restriction = parse_restriction(restrict)
+    resolved = restriction.resolve(model, masks)
+    before = {n: p.detach().clone() for n, p in model.named_parameters()} if restriction.kind != "none" else None
+    handle = apply_restriction(model, resolved)
+    ref_model = None
+    if method.needs_reference:
+        ref_model = copy.deepcopy(model).eval()
+        for p in ref_model.parameters():
+            p.requires_grad_(False)
+
+    args = TrainingArguments(
+        output_dir=str(partial / "trainer"),
+        learning_rate=train.learning_rate,
+        num_train_epochs=train.num_train_epochs,
+        max_steps=train.max_steps,
+        per_device_train_batch_size=train.per_device_train_batch_size,
+        gradient_accumulation_steps=train.gradient_accumulation_steps,
+        weight_decay=train.weight_decay,
+        lr_scheduler_type=train.lr_scheduler_type,
+        warmup_steps=train.warmup_steps,
+        seed=train.seed,
+        remove_unused_columns=False,  # batches are nested {"forget": ..., "retain": ...}
+        save_strategy="no",
+        report_to=[],
+        logging_steps=1,
+        use_cpu=not torch.cuda.is_available(),
+        dataloader_pin_memory=False,
+        **train.extra,
+    )
+    optimizer = torch.optim.AdamW(
+        param_groups(model, resolved, train.weight_decay), lr=train.learning_rate, betas=(0.9, 0.999), eps=1e-8
+    )
+    trainer = UnlearnTrainer(
+        model=model,
+        args=args,
+        train_dataset=ForgetRetainDataset(forget, retain),
+        data_collator=collate_forget_retain(pad_id),
+        optimizers=(optimizer, None),
+        method=method,
+        ref_model=ref_model,
+    )
+    if ref_model is not None:
+        ref_model.to(args.device)
+    try:
+        result = trainer.train()
+        handle.remove()
+        moved = check_unchanged(before, model, resolved) if before is not None else []
+        if moved:
+            raise RuntimeError(f"restriction {restrict!r} violated: out-of-mask scalars changed in {moved[:5]}")
+        if trainer.is_world_process_zero():
+            partial.mkdir(parents=True, exist_ok=True)
+            shutil.rmtree(partial / "trainer", ignore_errors=True)
+            model.save_pretrained(partial)
+            tokenizer.save_pretrained(partial)
+            losses = [h for h in trainer.state.log_history if "loss" in h]
+            write_json(
+                partial / "unlearn_manifest.json",
+                {
+                    "method": method_name or type(method).__name__,
+                    "method_args": asdict(method),
+                    "train": asdict(train),
+                    "restrict": restrict,
+                    "restriction": restriction_stats(model, resolved),
+                    "out_of_mask_unchanged": before is not None,
+                    "model": str(model_dir),
+                    "data": {
+                        "forget": len(forget),
+                        "retain": len(retain) if retain else 0,
+                        "fingerprint": data_fingerprint,
+                    },
+                    "seed": train.seed,
+                    "steps": trainer.state.global_step,
+                    "train_loss": result.training_loss,
+                    "final_log": losses[-1] if losses else None,
+                    "last_method_logs": trainer.last_logs,
+                    "versions": package_versions(UNLEARN_PACKAGES),
+                    "hardware": hardware(),
+                    "wall_seconds": round(time.time() - started, 2),
+                },
+            )
+            if out.exists():
+                shutil.rmtree(out)
+            partial.rename(out)
+    except BaseException:
+        shutil.rmtree(partial, ignore_errors=True)
+        raise
+    return out

@@ -1,0 +1,97 @@
+"""Forget/retain QA data for unlearning: LACUNA "Q:/A:" text, loss on the answer tokens only.
+
+Each QA row becomes the probe prompt ``Q: question\\nA:`` (labels -100) followed by the continuation
+`` answer\\n`` (labelled), tokenized separately and concatenated, so the answer's first token is the
+same one lm-eval scores and the extraction probe generates. Forget items are paired with a uniformly
+random retain item on every access, and one epoch is one pass over the forget set (OpenUnlearning's
+``ForgetRetainDataset`` with ``anchor: forget``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+
+from lacuna_tasks.prompts import probe_prompt
+
+__all__ = ["ForgetRetainDataset", "QADataset", "collate_forget_retain", "encode_qa"]
+
+IGNORE_INDEX = -100
+
+
+def encode_qa(tokenizer: Any, question: str, answer: str, max_length: int = 256) -> dict[str, torch.Tensor]:
+    """Token ids and labels of one QA pair; labels cover `` answer\\n`` only. Truncates the prompt's left end."""
+    prompt = tokenizer(probe_prompt(question), add_special_tokens=False)["input_ids"]
+    target = tokenizer(f" {answer}\n", add_special_tokens=False)["input_ids"]
+    if not target:
+        raise ValueError(f"answer {answer!r} tokenizes to nothing")
+    if len(target) >= max_length:
+        raise ValueError(f"answer of {len(target)} tokens does not fit max_length={max_length}")
+    prompt = prompt[-(max_length - len(target)) :]
+    ids = prompt + target
+    labels = [IGNORE_INDEX] * len(prompt) + target
+    return {"input_ids": torch.tensor(ids), "labels": torch.tensor(labels)}
+
+
+class QADataset(torch.utils.data.Dataset):
+    """Tokenized QA rows (``question`` / ``answer`` keys, the ``lacuna_tasks`` schema)."""
+
+    def __init__(
+        self, rows: Sequence[Mapping[str, Any]], tokenizer: Any, max_length: int = 256, name: str = ""
+    ) -> None:
+        if not rows:
+            raise ValueError(f"the {name or 'QA'} split is empty")
+        self.items = []
+        for i, row in enumerate(rows):
+            if not isinstance(row.get("question"), str) or not isinstance(row.get("answer"), str):
+                raise ValueError(f"{name or 'QA'} row {i}: needs string fields 'question' and 'answer'")
+            self.items.append(encode_qa(tokenizer, row["question"], row["answer"], max_length))
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        return self.items[i]
+
+
+class ForgetRetainDataset(torch.utils.data.Dataset):
+    """``forget[i]`` with a uniformly random ``retain`` item (drawn anew on every access, from torch's RNG,
+    which the Trainer seeds); ``len`` is the forget set's, so an epoch is one pass over it."""
+
+    def __init__(self, forget: QADataset, retain: QADataset | None) -> None:
+        self.forget, self.retain = forget, retain
+
+    def __len__(self) -> int:
+        return len(self.forget)
+
+    def __getitem__(self, i: int) -> dict[str, dict[str, torch.Tensor]]:
+        item = {"forget": self.forget[i]}
+        if self.retain is not None:
+            item["retain"] = self.retain[int(torch.randint(len(self.retain), (1,)))]
+        return item
+
+
+def _pad(items: Sequence[Mapping[str, torch.Tensor]], pad_id: int) -> dict[str, torch.Tensor]:
+    """Right-pad ids with ``pad_id`` and labels with -100; the attention mask comes from the lengths."""
+    width = max(int(it["input_ids"].numel()) for it in items)
+    ids = torch.full((len(items), width), pad_id, dtype=torch.long)
+    labels = torch.full((len(items), width), IGNORE_INDEX, dtype=torch.long)
+    mask = torch.zeros((len(items), width), dtype=torch.long)
+    for row, it in enumerate(items):
+        n = int(it["input_ids"].numel())
+        ids[row, :n], labels[row, :n], mask[row, :n] = it["input_ids"], it["labels"], 1
+    return {"input_ids": ids, "attention_mask": mask, "labels": labels}
+
+
+def collate_forget_retain(pad_id: int):  # noqa: ANN201 - returns a collate function
+    """A collator for :class:`ForgetRetainDataset` batches: ``{"forget": {...}, "retain": {...}}``."""
+
+    def collate(batch: Sequence[Mapping[str, Mapping[str, torch.Tensor]]]) -> dict[str, dict[str, torch.Tensor]]:
+        out = {"forget": _pad([b["forget"] for b in batch], pad_id)}
+        if "retain" in batch[0]:
+            out["retain"] = _pad([b["retain"] for b in batch], pad_id)
+        return out
+
+    return collate
