@@ -75,6 +75,7 @@ def unlearn(
     method_name: str = "",
     data_fingerprint: str = "",
     force: bool = False,
+    config: Mapping[str, Any] | None = None,
 ) -> Path:
     """Unlearn ``forget_rows`` from the checkpoint at ``model_dir``; return the output directory."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -92,6 +93,9 @@ def unlearn(
     torch.manual_seed(train.seed)
     tokenizer = AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
     model = AutoModelForCausalLM.from_pretrained(model_dir, local_files_only=True, trust_remote_code=False)
+    prepare = getattr(method, "prepare", None)
+    if callable(prepare):  # e.g. JensUn tokenizes its refusal string
+        prepare(tokenizer)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     forget = QADataset(forget_rows, tokenizer, train.max_length, name="forget")
     retain = QADataset(retain_rows, tokenizer, train.max_length, name="retain") if method.needs_retain else None
@@ -155,6 +159,7 @@ def unlearn(
                 partial / "unlearn_manifest.json",
                 {
                     "method": method_name or type(method).__name__,
+                    "config": dict(config) if config is not None else None,
                     "method_args": asdict(method),
                     "train": asdict(train),
                     "restrict": restrict,

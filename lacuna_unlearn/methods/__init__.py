@@ -11,7 +11,9 @@ from typing import Any
 from lacuna_unlearn.methods.base import Method
 from lacuna_unlearn.methods.grad_ascent import GradAscent
 from lacuna_unlearn.methods.grad_diff import GradDiff
+from lacuna_unlearn.methods.jensun import JensUn
 from lacuna_unlearn.methods.npo import NPO
+from lacuna_unlearn.methods.rmu import RMU
 from lacuna_unlearn.methods.simnpo import SimNPO
 
 __all__ = ["METHODS", "Method", "make_method"]
@@ -21,6 +23,8 @@ METHODS: dict[str, type[Method]] = {
     "grad_diff": GradDiff,
     "npo": NPO,
     "simnpo": SimNPO,
+    "rmu": RMU,
+    "jensun": JensUn,
 }
 
 
