@@ -49,10 +49,7 @@ _NCAT = 3
 
 def float_keys(scores: torch.Tensor) -> torch.Tensor:
     """Map float32 scores to int64 keys in ``[0, 2**32)`` with the same order (−0 and +0 share a key)."""
-    x = scores.reshape(-1).to(torch.float32) + 0.0  # -0.0 + 0.0 == +0.0
-    bits = x.view(torch.int32)
-    signed = bits ^ ((bits >> 31) & 0x7FFFFFFF)  # negative floats: flip magnitude bits
-    return signed.to(torch.int64) + (1 << 31)
+    return signed_keys(scores).to(torch.int64) + (1 << 31)
 
 
 def signed_keys(scores: torch.Tensor) -> torch.Tensor:

@@ -29,7 +29,11 @@ class GradDiff(Method):
         if self.needs_reference:
             with torch.no_grad():
                 ref_logits = forward(ref_model, batch)
-        return retain_loss(logits, batch["labels"], ref_logits, kind=self.retain_loss_type)
+        return retain_loss(logits, batch["labels"], ref_logits, kind=self.retain_loss_type, **self.retain_options())
+
+    def retain_options(self) -> dict[str, bool]:
+        """Extra keyword arguments of :func:`lacuna_unlearn.losses.retain_loss` (JensUn: ``legacy_unmasked``)."""
+        return {}
 
     def loss(self, model, inputs, ref_model):  # noqa: ANN001, ANN201 - see Method.loss
         forget_nll = nll_loss(forward(model, inputs["forget"]), inputs["forget"]["labels"])

@@ -15,9 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-import torch
-
-from lacuna_unlearn.losses import jensun_forget_loss, retain_loss
+from lacuna_unlearn.losses import jensun_forget_loss
 from lacuna_unlearn.methods.base import forward
 from lacuna_unlearn.methods.grad_diff import GradDiff
 
@@ -42,16 +40,8 @@ class JensUn(GradDiff):
             raise ValueError(f"refusal {self.refusal!r} tokenizes to nothing")
         self.refusal_ids = tuple(int(i) for i in ids)
 
-    def retain_term(self, model, inputs, ref_model) -> torch.Tensor:  # noqa: ANN001
-        batch = inputs["retain"]
-        logits = forward(model, batch)
-        ref_logits = None
-        if self.needs_reference:
-            with torch.no_grad():
-                ref_logits = forward(ref_model, batch)
-        return retain_loss(
-            logits, batch["labels"], ref_logits, kind=self.retain_loss_type, legacy_unmasked=self.legacy_unmasked
-        )
+    def retain_options(self) -> dict[str, bool]:
+        return {"legacy_unmasked": self.legacy_unmasked}
 
     def loss(self, model, inputs, ref_model):  # noqa: ANN001, ANN201 - see Method.loss
         if not self.refusal_ids:
