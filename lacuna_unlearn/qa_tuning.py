@@ -11,7 +11,7 @@ import torch
 from torch.utils.data import Dataset
 from transformers import Trainer, TrainingArguments
 
-from lacuna_metrics.masks import layer_index
+from lacuna_unlearn.lora import linear_module_names
 
 
 class QADataset(Dataset):
@@ -46,18 +46,6 @@ class QADataset(Dataset):
             labels[row, : len(lab)] = torch.tensor(lab)
             attention[row, : len(i)] = 1
         return {"input_ids": ids, "attention_mask": attention, "labels": labels}
-
-
-def linear_module_names(model, layers: Sequence[int]) -> list[str]:
-    """Suffix names of the linear layers inside ``layers`` (architecture-agnostic LoRA targets)."""
-    names = {
-        name.rsplit(".", 1)[-1]
-        for name, module in model.named_modules()
-        if isinstance(module, torch.nn.Linear) and layer_index(name + ".weight") in set(layers)
-    }
-    if not names:
-        raise ValueError(f"no linear layers found in layers {list(layers)}")
-    return sorted(names)
 
 
 def qa_tune(

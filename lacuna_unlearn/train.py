@@ -1,58 +1,80 @@
 """``lacuna-unlearn`` (also ``python -m lacuna_unlearn.train``): the Hydra entry point of the trainer.
 
 Config groups ship in ``lacuna_unlearn/configs``: ``method/`` (one file per method, ``method.args.*``),
-``trainer/`` (``trainer.args.*`` = HF ``TrainingArguments`` names) and ``experiment/`` presets, overridden
-on the command line as in OpenUnlearning::
+``trainer/`` (``trainer.args.*`` = HF ``TrainingArguments`` names), ``experiment/`` presets and ``attack/``
+relearning protocols, overridden on the command line as in OpenUnlearning::
 
     lacuna-unlearn experiment=mini method=simnpo testbed=runs/mini field=email \\
         output_dir=runs/mini/unlearn/simnpo_email method.args.beta=3 trainer.args.learning_rate=1e-5
+    lacuna-unlearn method=grad_diff lora.enabled=true lora.r=16 testbed=runs/mini output_dir=...
+    lacuna-unlearn attack=relearn source=forget budget=forget testbed=runs/mini \\
+        model=runs/mini/unlearn/simnpo_email output_dir=runs/mini/relearn/simnpo_email
 """
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 from typing import Any
 
 __all__ = ["main", "run"]
 
 
-def _rows(data: Any, split: str, field: str) -> list[dict[str, Any]]:
-    from lacuna_tasks.schema import FIELDS
-
-    if split not in data.splits:
-        raise ValueError(f"{data.source}: no split {split!r} (found: {sorted(data.splits)})")
-    rows = data.splits[split]
-    if field != "all":
-        if field not in FIELDS:
-            raise ValueError(f"field={field!r}: choose from {sorted(FIELDS)} or 'all'")
-        rows = [r for r in rows if r["field"] == FIELDS[field].column]
-    if not rows:
-        raise ValueError(f"{data.source}: split {split!r} has no rows for field={field!r}")
-    return rows
-
-
 def run(cfg: Any) -> Path:
-    """Resolve inputs from the config (testbed or explicit paths) and run :func:`lacuna_unlearn.trainer.unlearn`."""
+    """Resolve inputs from the config (testbed or explicit paths) and run the method, FRP or an attack."""
     from omegaconf import OmegaConf
 
     from lacuna_metrics.masks import load_masks
     from lacuna_tasks.loader import load_data
+    from lacuna_unlearn.lora import LoraSettings
     from lacuna_unlearn.methods import make_method
     from lacuna_unlearn.trainer import TrainConfig, unlearn
+    from lacuna_unlearn.unlearn_data import split_rows
 
+    attack = cfg.get("attack")
     testbed = Path(cfg.testbed) if cfg.testbed else None
+    if attack and not cfg.model:
+        raise ValueError(f"attack={attack}: give model=UNLEARNED_CHECKPOINT (the model to relearn)")
     model = cfg.model or (testbed / "model" if testbed else None)
     data_source = cfg.data or (testbed if testbed else None)
     if model is None or data_source is None:
         raise ValueError("give testbed=DIR, or model=CHECKPOINT and data=DATA")
-    masks_path = cfg.masks or (testbed / "masks.safetensors" if testbed else None)
+    data = load_data(data_source)
+    forget_rows = split_rows(data, cfg.forget_split, cfg.field)
+    retain_rows = split_rows(data, cfg.retain_split, cfg.field)
+    resolved_cfg = OmegaConf.to_container(cfg, resolve=True)
+    method_args = OmegaConf.to_container(cfg.method.args, resolve=True)
+    lora_cfg = OmegaConf.to_container(cfg.lora, resolve=True) if cfg.get("lora") else {}
+    lora = LoraSettings(**{k: v for k, v in lora_cfg.items() if k != "enabled"}) if lora_cfg.get("enabled") else None
+
+    if cfg.method.name == "frp":
+        return _run_frp(cfg, model, forget_rows, retain_rows, method_args, lora)
+
     restrict = cfg.restrict or cfg.method.get("restrict") or "none"
     needs_masks = restrict != "none" and not restrict.startswith("regex:")
+    masks_path = cfg.masks or (testbed / "masks.safetensors" if testbed else None)
     if needs_masks and masks_path is None:
         raise ValueError(f"restrict={restrict!r} needs masks=PATH (or testbed=DIR)")
     masks = load_masks(masks_path) if needs_masks else None
 
-    data = load_data(data_source)
+    eval_rows = None
+    if attack:
+        from lacuna_unlearn.relearn import attack_rows, holdout
+
+        rows = attack_rows(
+            data,
+            cfg.source,
+            cfg.field,
+            budget=cfg.budget,
+            seed=int(cfg.seed),
+            forget_split=cfg.forget_split,
+            retain_split=cfg.retain_split,
+            relearn_split=cfg.relearn_split,
+            unrelated_file=cfg.get("unrelated_file"),
+        )
+        forget_rows, eval_rows = holdout(rows, float(cfg.eval_fraction), int(cfg.seed))
+        retain_rows = []
+
     args = OmegaConf.to_container(cfg.trainer.args, resolve=True)
     known = set(TrainConfig.__dataclass_fields__) - {"extra", "seed"}
     train = TrainConfig(
@@ -60,20 +82,53 @@ def run(cfg: Any) -> Path:
         seed=int(cfg.seed),
         extra={k: v for k, v in args.items() if k not in known},
     )
-    method = make_method(cfg.method.name, **OmegaConf.to_container(cfg.method.args, resolve=True))
+    method = make_method(cfg.method.name, **method_args)
+    name = cfg.method.name if restrict == "none" else f"{cfg.method.name}+{restrict}"
     return unlearn(
         model,
-        _rows(data, cfg.forget_split, cfg.field),
-        _rows(data, cfg.retain_split, cfg.field),
+        forget_rows,
+        retain_rows,
         method,
         cfg.output_dir,
         train=train,
         restrict=restrict,
         masks=masks,
-        method_name=cfg.method.name if restrict == "none" else f"{cfg.method.name}+{restrict}",
+        method_name=f"attack:{attack}:{cfg.source}" if attack else name,
         data_fingerprint=data.fingerprint,
         force=bool(cfg.force),
-        config=OmegaConf.to_container(cfg, resolve=True),
+        config=resolved_cfg,
+        lora=lora,
+        eval_rows=eval_rows or None,
+        eval_steps=int(cfg.get("eval_steps") or 25),
+    )
+
+
+def _run_frp(cfg: Any, model: Path | str, forget_rows: list, retain_rows: list, args: dict, lora: Any) -> Path:
+    """FRP is training-free: activation statistics of the forget/retain QA text, then pruning (spec §3.4)."""
+    from lacuna_metrics.score import default_cache_dir
+    from lacuna_tasks.prompts import qa_text
+    from lacuna_unlearn.methods.frp import FRPConfig, run_frp
+
+    if lora is not None or (cfg.restrict or cfg.method.get("restrict") or "none") != "none":
+        raise ValueError("method=frp prunes weights directly: lora and restrict do not apply")
+    if cfg.get("attack"):
+        raise ValueError("attack=... fine-tunes with method=finetune; do not combine it with method=frp")
+    out = Path(cfg.output_dir)
+    if out.exists():
+        if not cfg.force:
+            raise FileExistsError(f"{out} exists; pass force=true to overwrite")
+        shutil.rmtree(out)
+    try:
+        frp = FRPConfig(**{"seed": int(cfg.seed), **args})
+    except TypeError as exc:
+        raise ValueError(f"method 'frp': {exc}") from None
+    return run_frp(
+        model,
+        [qa_text(r["question"], r["answer"]) for r in forget_rows],
+        [qa_text(r["question"], r["answer"]) for r in retain_rows],
+        out,
+        frp,
+        cache_dir=default_cache_dir(),
     )
 
 
@@ -90,7 +145,7 @@ def main() -> None:
         except (ValueError, FileNotFoundError, FileExistsError) as exc:
             print(f"lacuna-unlearn: error: {exc}", file=sys.stderr)
             sys.exit(2)
-        print(f"unlearned model written to {out}")
+        print(f"model written to {out}")
 
     _app()
 

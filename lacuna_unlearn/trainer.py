@@ -4,7 +4,9 @@
 batches. :func:`unlearn` is the whole job: it loads a local checkpoint, builds the paired data, applies
 an optional gradient restriction (``forget_mask`` = OracleGrad with GradDiff), trains, verifies that
 restricted scalars did not move, and writes an HF checkpoint plus ``unlearn_manifest.json``
-atomically (``OUT.partial`` renamed at the end).
+atomically (``OUT.partial`` renamed at the end). ``lora=LoraSettings(...)`` trains adapters instead of the
+weights and merges them before saving; ``eval_rows`` holds out QA rows whose loss picks the best checkpoint
+(the relearning attack's protocol, spec §1.11).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from transformers import Trainer, TrainingArguments
 
 from lacuna_metrics.manifest import hardware, package_versions, write_json
 from lacuna_metrics.masks import MaskSet
+from lacuna_unlearn.lora import LoraSettings
 from lacuna_unlearn.methods import Method
 from lacuna_unlearn.unlearn_data import ForgetRetainDataset, QADataset, collate_forget_retain
 
@@ -42,7 +45,7 @@ class UnlearnTrainer(Trainer):
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):  # noqa: ANN001, ANN201
         loss, logs = self.method.loss(model, inputs, self.ref_model)
         self.last_logs = logs
-        return (loss, None) if return_outputs else loss
+        return (loss, {}) if return_outputs else loss  # {}: no logits for Trainer.prediction_step
 
 
 @dataclass
@@ -55,7 +58,7 @@ class TrainConfig:
     gradient_accumulation_steps: int = 1
     weight_decay: float = 0.0
     lr_scheduler_type: str = "constant"
-    warmup_steps: int = 0
+    warmup_steps: float = 0  # an int, or a float < 1 = ratio of the total steps (transformers 5)
     max_length: int = 256
     seed: int = 42
     max_steps: int = -1
@@ -76,6 +79,9 @@ def unlearn(
     data_fingerprint: str = "",
     force: bool = False,
     config: Mapping[str, Any] | None = None,
+    lora: LoraSettings | None = None,
+    eval_rows: Sequence[Mapping[str, Any]] | None = None,
+    eval_steps: int = 25,
 ) -> Path:
     """Unlearn ``forget_rows`` from the checkpoint at ``model_dir``; return the output directory."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -101,6 +107,8 @@ def unlearn(
     retain = QADataset(retain_rows, tokenizer, train.max_length, name="retain") if method.needs_retain else None
 
     restriction = parse_restriction(restrict)
+    if lora is not None and restriction.kind != "none":
+        raise ValueError(f"restrict={restrict!r} cannot be combined with LoRA: masks select base weights, not adapters")
     resolved = restriction.resolve(model, masks)
     before = {n: p.detach().clone() for n, p in model.named_parameters()} if restriction.kind != "none" else None
     handle = apply_restriction(model, resolved)
@@ -109,6 +117,28 @@ def unlearn(
         ref_model = copy.deepcopy(model).eval()
         for p in ref_model.parameters():
             p.requires_grad_(False)
+    if lora is not None:
+        model = lora.wrap(model)
+        if train.extra.get("gradient_checkpointing") or train.extra.get("activation_checkpointing"):
+            model.enable_input_require_grads()  # adapters behind frozen embeddings still need grads to flow
+    evaluation = QADataset(eval_rows, tokenizer, train.max_length, name="eval") if eval_rows else None
+    holdout = (
+        {
+            "eval_strategy": "steps",
+            "eval_steps": eval_steps,
+            "save_strategy": "steps",
+            "save_steps": eval_steps,
+            "save_total_limit": 1,
+            "load_best_model_at_end": True,
+            "metric_for_best_model": "eval_loss",
+            "greater_is_better": False,
+            "save_only_model": True,
+            "prediction_loss_only": True,
+            "label_names": ["forget"],  # nested batches: tells Trainer the loss is computable in evaluation
+        }
+        if evaluation is not None
+        else {"save_strategy": "no"}
+    )
 
     args = TrainingArguments(
         output_dir=str(partial / "trainer"),
@@ -122,20 +152,25 @@ def unlearn(
         warmup_steps=train.warmup_steps,
         seed=train.seed,
         remove_unused_columns=False,  # batches are nested {"forget": ..., "retain": ...}
-        save_strategy="no",
         report_to=[],
         logging_steps=1,
         use_cpu=not torch.cuda.is_available(),
         dataloader_pin_memory=False,
-        **train.extra,
+        **{**holdout, **train.extra},  # any TrainingArguments the config names win
     )
+    if lora is None:
+        groups = param_groups(model, resolved, train.weight_decay)
+    else:  # only the adapters train
+        trainable = [p for p in model.parameters() if p.requires_grad]
+        groups = [{"params": trainable, "weight_decay": float(train.weight_decay)}]
     optimizer = torch.optim.AdamW(
-        param_groups(model, resolved, train.weight_decay), lr=train.learning_rate, betas=(0.9, 0.999), eps=1e-8
+        groups, lr=train.learning_rate, betas=(args.adam_beta1, args.adam_beta2), eps=args.adam_epsilon
     )
     trainer = UnlearnTrainer(
         model=model,
         args=args,
         train_dataset=ForgetRetainDataset(forget, retain),
+        eval_dataset=ForgetRetainDataset(evaluation, None) if evaluation is not None else None,
         data_collator=collate_forget_retain(pad_id),
         optimizers=(optimizer, None),
         method=method,
@@ -146,6 +181,8 @@ def unlearn(
     try:
         result = trainer.train()
         handle.remove()
+        if lora is not None:
+            model = lora.merge(trainer.model)
         moved = check_unchanged(before, model, resolved) if before is not None else []
         if moved:
             raise RuntimeError(f"restriction {restrict!r} violated: out-of-mask scalars changed in {moved[:5]}")
@@ -163,6 +200,10 @@ def unlearn(
                     "method_args": asdict(method),
                     "train": asdict(train),
                     "restrict": restrict,
+                    "lora": asdict(lora) if lora is not None else None,
+                    "eval": {"rows": len(evaluation), "steps": eval_steps, "best": trainer.state.best_metric}
+                    if evaluation is not None
+                    else None,
                     "restriction": restriction_stats(model, resolved),
                     "out_of_mask_unchanged": before is not None,
                     "model": str(model_dir),
@@ -172,6 +213,7 @@ def unlearn(
                         "fingerprint": data_fingerprint,
                     },
                     "seed": train.seed,
+                    "processes": args.world_size,
                     "steps": trainer.state.global_step,
                     "train_loss": result.training_loss,
                     "final_log": losses[-1] if losses else None,

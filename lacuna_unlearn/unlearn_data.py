@@ -16,9 +16,25 @@ import torch
 
 from lacuna_tasks.prompts import probe_prompt
 
-__all__ = ["ForgetRetainDataset", "QADataset", "collate_forget_retain", "encode_qa"]
+__all__ = ["ForgetRetainDataset", "QADataset", "collate_forget_retain", "encode_qa", "split_rows"]
 
 IGNORE_INDEX = -100
+
+
+def split_rows(data: Any, split: str, field: str) -> list[dict[str, Any]]:
+    """Rows of ``split`` for one PII ``field`` (``all``: every field) of a loaded ``LacunaData``; empty is an error."""
+    from lacuna_tasks.schema import FIELDS
+
+    if split not in data.splits:
+        raise ValueError(f"{data.source}: no split {split!r} (found: {sorted(data.splits)})")
+    rows = data.splits[split]
+    if field != "all":
+        if field not in FIELDS:
+            raise ValueError(f"field={field!r}: choose from {sorted(FIELDS)} or 'all'")
+        rows = [r for r in rows if r["field"] == FIELDS[field].column]
+    if not rows:
+        raise ValueError(f"{data.source}: split {split!r} has no rows for field={field!r}")
+    return rows
 
 
 def encode_qa(tokenizer: Any, question: str, answer: str, max_length: int = 256) -> dict[str, torch.Tensor]:

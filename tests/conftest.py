@@ -63,3 +63,37 @@ def smoke_testbed(tmp_path_factory) -> Path:
     from lacuna_unlearn.testbed import build_testbed
 
     return build_testbed(tmp_path_factory.mktemp("testbeds") / "smoke", preset="smoke")
+
+
+@pytest.fixture(scope="session")
+def tiny_email_rows(tiny_lacuna) -> tuple[list[dict], list[dict]]:
+    """(forget, retain) email QA rows of the tiny model: the forget rows are the memorized people's."""
+    from lacuna_tasks.loader import load_data
+
+    data = load_data(tiny_lacuna.data_dir)
+    forget = [
+        r for r in data.splits["forget"] if r["ID"] in tiny_lacuna.leaked_people and r["field"] == "Email Address"
+    ]
+    retain = [r for r in data.splits["retain"] if r["field"] == "Email Address"]
+    return forget, retain
+
+
+@pytest.fixture(scope="session")
+def forget_nll():
+    """``forget_nll(model_dir, rows)``: mean answer-token NLL of a saved checkpoint on QA rows (no grad)."""
+    import torch
+
+    from lacuna_unlearn.losses import nll_loss
+    from lacuna_unlearn.unlearn_data import QADataset, collate_forget_retain
+
+    def compute(model_dir, rows) -> float:
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        tok = AutoTokenizer.from_pretrained(model_dir)
+        model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
+        batch = collate_forget_retain(tok.pad_token_id)([{"forget": x} for x in QADataset(rows, tok)])["forget"]
+        with torch.no_grad():
+            logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+        return float(nll_loss(logits, batch["labels"]))
+
+    return compute

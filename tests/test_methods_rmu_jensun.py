@@ -10,7 +10,6 @@ from dataclasses import asdict
 import pytest
 import torch
 
-from lacuna_tasks.loader import load_data
 from lacuna_unlearn.losses import jensun_forget_loss, nll_loss, rmu_control_vector
 from lacuna_unlearn.methods import METHODS, make_method
 from lacuna_unlearn.methods.jensun import JensUn
@@ -149,15 +148,6 @@ def test_jensun_prepare_tokenizes_the_refusal():
 # --------------------------------------------------------------------------- end to end
 
 
-def _rows(tiny_lacuna):
-    data = load_data(tiny_lacuna.data_dir)
-    forget = [
-        r for r in data.splits["forget"] if r["ID"] in tiny_lacuna.leaked_people and r["field"] == "Email Address"
-    ]
-    retain = [r for r in data.splits["retain"] if r["field"] == "Email Address"]
-    return forget, retain
-
-
 def _forget_eval(model_dir, rows, method):
     """(method's forget loss, forget NLL of the true answers) on all forget rows, no grad."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -174,10 +164,10 @@ def _forget_eval(model_dir, rows, method):
     return float(forget), float(nll_loss(logits, batch["labels"]))
 
 
-def test_rmu_and_jensun_unlearn_the_tiny_model(tiny_lacuna, tmp_path):
+def test_rmu_and_jensun_unlearn_the_tiny_model(tiny_lacuna, tmp_path, tiny_email_rows):
     from transformers import AutoTokenizer
 
-    forget, retain = _rows(tiny_lacuna)
+    forget, retain = tiny_email_rows
     jensun = JensUn()
     jensun.prepare(AutoTokenizer.from_pretrained(tiny_lacuna.model_dir))  # until the trainer calls prepare()
     for name, method in (("rmu", RMU()), ("jensun", jensun)):

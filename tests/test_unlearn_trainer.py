@@ -8,32 +8,9 @@ import json
 import pytest
 import torch
 
-from lacuna_tasks.loader import load_data
 from lacuna_unlearn.methods import make_method
 from lacuna_unlearn.trainer import TrainConfig, unlearn
-from lacuna_unlearn.unlearn_data import QADataset, collate_forget_retain, encode_qa
-
-
-def _rows(tiny_lacuna):
-    data = load_data(tiny_lacuna.data_dir)
-    forget = [
-        r for r in data.splits["forget"] if r["ID"] in tiny_lacuna.leaked_people and r["field"] == "Email Address"
-    ]
-    retain = [r for r in data.splits["retain"] if r["field"] == "Email Address"]
-    return forget, retain
-
-
-def _forget_nll(model_dir, rows) -> float:
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from lacuna_unlearn.losses import nll_loss
-
-    tok = AutoTokenizer.from_pretrained(model_dir)
-    model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
-    batch = collate_forget_retain(tok.pad_token_id)([{"forget": x} for x in QADataset(rows, tok)])["forget"]
-    with torch.no_grad():
-        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
-    return float(nll_loss(logits, batch["labels"]))
+from lacuna_unlearn.unlearn_data import encode_qa
 
 
 def test_labels_cover_the_answer_only(tiny_lacuna):
@@ -47,9 +24,9 @@ def test_labels_cover_the_answer_only(tiny_lacuna):
 
 
 @pytest.mark.parametrize("name,args", [("grad_diff", {}), ("npo", {"beta": 0.1}), ("simnpo", {"beta": 4.5})])
-def test_methods_raise_the_forget_loss(tiny_lacuna, tmp_path, name, args):
-    forget, retain = _rows(tiny_lacuna)
-    before = _forget_nll(tiny_lacuna.model_dir, forget)
+def test_methods_raise_the_forget_loss(tiny_lacuna, tmp_path, name, args, tiny_email_rows, forget_nll):
+    forget, retain = tiny_email_rows
+    before = forget_nll(tiny_lacuna.model_dir, forget)
     out = unlearn(
         tiny_lacuna.model_dir,
         forget,
@@ -59,14 +36,14 @@ def test_methods_raise_the_forget_loss(tiny_lacuna, tmp_path, name, args):
         train=TrainConfig(learning_rate=3e-3, max_steps=6, per_device_train_batch_size=2),
         method_name=name,
     )
-    after = _forget_nll(out, forget)
+    after = forget_nll(out, forget)
     assert after > before + 0.5, (before, after)
     manifest = json.loads((out / "unlearn_manifest.json").read_text())
     assert manifest["method"] == name and manifest["steps"] == 6 and manifest["seed"] == 42
     assert not (tmp_path / f"{name}.partial").exists()
 
 
-def test_oracle_grad_leaves_out_of_mask_scalars_bit_identical(tiny_lacuna, tmp_path):
+def test_oracle_grad_leaves_out_of_mask_scalars_bit_identical(tiny_lacuna, tmp_path, tiny_email_rows):
     from safetensors.torch import load_file
     from transformers import AutoModelForCausalLM
 
@@ -74,7 +51,7 @@ def test_oracle_grad_leaves_out_of_mask_scalars_bit_identical(tiny_lacuna, tmp_p
 
     model = AutoModelForCausalLM.from_pretrained(tiny_lacuna.model_dir)
     masks = build_masks(named_shapes_of(model), model.config.num_hidden_layers, budget=0.05, seed=0, skip_last=0)
-    forget, retain = _rows(tiny_lacuna)
+    forget, retain = tiny_email_rows
     out = unlearn(
         tiny_lacuna.model_dir,
         forget,
@@ -101,8 +78,8 @@ def test_oracle_grad_leaves_out_of_mask_scalars_bit_identical(tiny_lacuna, tmp_p
     assert manifest["restrict"] == "forget_mask" and manifest["out_of_mask_unchanged"] is True
 
 
-def test_clear_errors(tiny_lacuna, tmp_path):
-    forget, retain = _rows(tiny_lacuna)
+def test_clear_errors(tiny_lacuna, tmp_path, tiny_email_rows):
+    forget, retain = tiny_email_rows
     with pytest.raises(ValueError, match="unknown method 'nope'"):
         make_method("nope")
     with pytest.raises(ValueError, match="forget split is empty"):

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from lacuna_unlearn.methods.base import Method
+from lacuna_unlearn.methods.finetune import Finetune
 from lacuna_unlearn.methods.grad_ascent import GradAscent
 from lacuna_unlearn.methods.grad_diff import GradDiff
 from lacuna_unlearn.methods.jensun import JensUn
@@ -25,6 +26,7 @@ METHODS: dict[str, type[Method]] = {
     "simnpo": SimNPO,
     "rmu": RMU,
     "jensun": JensUn,
+    "finetune": Finetune,  # the relearning attack's objective, not an unlearning method
 }
 
 

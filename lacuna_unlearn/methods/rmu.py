@@ -50,7 +50,7 @@ class RMU(GradDiff):
         self._control_vector: torch.Tensor | None = None  # not a dataclass field: stays out of asdict()
 
     def _layer(self, model: torch.nn.Module) -> int:
-        n_layers = int(model.config.num_hidden_layers)
+        n_layers = int(getattr(model, "module", model).config.num_hidden_layers)  # DDP wraps the model
         if self.layer == -1:
             self.layer = (n_layers - 1) // 2
         if not 0 <= self.layer < n_layers:

@@ -1,0 +1,139 @@
+"""Relearning attacks: the attacker's rows per source and budget, hold-out, and real Hydra attack runs
+that fine-tune an unlearned tiny model back towards its forget answers."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from lacuna_tasks.loader import load_data
+from lacuna_unlearn.relearn import SOURCES, attack_rows, holdout, unrelated_qa
+from lacuna_unlearn.unlearn_data import split_rows
+
+
+def _app(*overrides: str, cwd: Path) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "lacuna_unlearn.train", *overrides]
+    return subprocess.run(cmd, capture_output=True, text=True, cwd=cwd, check=False)
+
+
+def test_sources_pick_the_protocol_rows(tiny_lacuna):
+    data = load_data(tiny_lacuna.data_dir)
+    forget, retain = split_rows(data, "forget", "email"), split_rows(data, "retain", "email")
+    relearn = split_rows(data, "relearn", "email")
+    assert attack_rows(data, "forget", "email") == forget
+    assert attack_rows(data, "retain", "email") == retain
+    assert attack_rows(data, "forget_retain", "email") == forget + retain
+    assert attack_rows(data, "relearn_split", "email") == relearn
+    held_out = {r["ID"] for r in relearn}
+    assert not held_out & {r["ID"] for r in forget + retain}  # held-out people only
+    assert len(attack_rows(data, "unrelated", "email")) == len(forget)  # default size |D_f|
+    assert set(SOURCES) == {"relearn_split", "retain", "forget", "forget_retain", "unrelated"}
+
+
+def test_budget_draws_a_stable_subset(tiny_lacuna):
+    data = load_data(tiny_lacuna.data_dir)
+    n_forget = len(split_rows(data, "forget", "email"))
+    rows = attack_rows(data, "relearn_split", "email", budget="forget", seed=3)
+    assert len(rows) == n_forget and rows == attack_rows(data, "relearn_split", "email", budget="forget", seed=3)
+    assert rows != attack_rows(data, "relearn_split", "email", budget="forget", seed=4)
+    assert len(attack_rows(data, "relearn_split", "email", budget=2)) == 2
+    assert attack_rows(data, "forget", "email", budget=10_000) == split_rows(data, "forget", "email")  # whole source
+    assert len(attack_rows(data, "unrelated", "email", budget=7)) == 7
+
+
+def test_unrelated_qa_is_correct_and_deterministic(tmp_path):
+    rows = unrelated_qa(40, seed=1)
+    assert rows == unrelated_qa(40, seed=1) and rows != unrelated_qa(40, seed=2)
+    for r in rows:
+        q, a = r["question"], r["answer"]
+        if " plus " in q:
+            x, y = q.removeprefix("What is ").removesuffix("?").split(" plus ")
+            assert int(a) == int(x) + int(y)
+        elif " times " in q:
+            x, y = q.removeprefix("What is ").removesuffix("?").split(" times ")
+            assert int(a) == int(x) * int(y)
+        elif "backwards" in q:
+            assert a[::-1] in q
+    file = tmp_path / "mine.jsonl"
+    file.write_text('{"question": "Q1?", "answer": "A1"}\n{"question": "Q2?", "answer": "A2"}\n')
+    data = load_data(None)  # bundled data; with a file the data source does not matter
+    assert [r["answer"] for r in attack_rows(data, "unrelated", "email", unrelated_file=file)] == ["A1", "A2"]
+
+
+def test_bad_source_budget_and_fraction(tiny_lacuna, tmp_path):
+    data = load_data(tiny_lacuna.data_dir)
+    with pytest.raises(ValueError, match="attack source 'wiki'"):
+        attack_rows(data, "wiki", "email")
+    with pytest.raises(ValueError, match="attack budget 'lots'"):
+        attack_rows(data, "forget", "email", budget="lots")
+    with pytest.raises(ValueError, match="budget must be >= 1"):
+        attack_rows(data, "forget", "email", budget=0)
+    with pytest.raises(ValueError, match="no split 'relearnx'"):
+        attack_rows(data, "relearn_split", "email", relearn_split="relearnx")
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"question": "Q1?"}\n')
+    with pytest.raises(ValueError, match="bad.jsonl: row 0 needs string fields"):
+        attack_rows(data, "unrelated", "email", unrelated_file=bad)
+    with pytest.raises(ValueError, match="eval_fraction"):
+        holdout([{}, {}], 1.0)
+
+
+def test_holdout_splits_deterministically():
+    rows = [{"i": i} for i in range(10)]
+    train, held = holdout(rows, 0.2, seed=5)
+    assert len(train) == 8 and len(held) == 2 and (train, held) == holdout(rows, 0.2, seed=5)
+    assert sorted(r["i"] for r in train + held) == list(range(10))
+    assert holdout(rows, 0.0) == (rows, [])
+    train, held = holdout(rows[:2], 0.01)
+    assert len(train) == 1 and len(held) == 1  # a split keeps at least one row on each side
+
+
+def test_attack_relearns_an_unlearned_model(tiny_lacuna, tiny_email_rows, forget_nll, tmp_path):
+    """grad_ascent raises the forget NLL; `attack=relearn source=forget` brings it back down (real Trainer)."""
+    forget, _ = tiny_email_rows
+    common = [f"data={tiny_lacuna.data_dir}", "field=email", "trainer.args.per_device_train_batch_size=4"]
+    unlearned = tmp_path / "ga"
+    proc = _app(
+        "method=grad_ascent", f"model={tiny_lacuna.model_dir}", f"output_dir={unlearned}",
+        "trainer.args.learning_rate=3e-3", "trainer.args.max_steps=4", *common, cwd=tmp_path,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    relearned = tmp_path / "relearned"
+    proc = _app(
+        "attack=relearn", "source=forget", "eval_fraction=0", f"model={unlearned}", f"output_dir={relearned}",
+        "trainer.args.learning_rate=3e-3", "trainer.args.max_steps=6", *common, cwd=tmp_path,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    before, after = forget_nll(unlearned, forget), forget_nll(relearned, forget)
+    assert after < before - 0.5, (before, after)
+    manifest = json.loads((relearned / "unlearn_manifest.json").read_text())
+    assert manifest["method"] == "attack:relearn:forget" and manifest["config"]["source"] == "forget"
+    assert manifest["train"]["num_train_epochs"] == 10 and manifest["train"]["learning_rate"] == 3e-3
+    assert manifest["data"]["retain"] == 0 and manifest["eval"] is None
+
+
+def test_attack_holdout_picks_the_best_checkpoint_and_lora_preset_merges(tiny_lacuna, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    out = tmp_path / "lora_attack"
+    proc = _app(
+        "attack=relearn_lora", f"model={tiny_lacuna.model_dir}", f"data={tiny_lacuna.data_dir}", "field=email",
+        "source=forget_retain", "eval_steps=1", "trainer.args.max_steps=3", "trainer.args.per_device_train_batch_size=4",
+        f"output_dir={out}", cwd=tmp_path,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    manifest = json.loads((out / "unlearn_manifest.json").read_text())
+    assert manifest["lora"]["r"] == 16 and manifest["lora"]["lora_alpha"] == 8
+    assert manifest["eval"]["rows"] >= 1 and manifest["eval"]["best"] is not None
+    assert not (out / "adapter_config.json").exists() and not (out / "trainer").exists()
+    AutoModelForCausalLM.from_pretrained(out, local_files_only=True)
+
+
+def test_attack_needs_a_model(tiny_lacuna, tmp_path):
+    proc = _app("attack=relearn", f"data={tiny_lacuna.data_dir}", f"output_dir={tmp_path / 'x'}", cwd=tmp_path)
+    assert proc.returncode == 2 and "give model=UNLEARNED_CHECKPOINT" in proc.stderr
+    assert not (tmp_path / "x").exists()
