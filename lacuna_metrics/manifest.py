@@ -1,4 +1,4 @@
-"""What every artifact records about how it was made: versions, hardware, and atomic JSON writes.
+"""What every artifact records about how it was made: versions, hardware, and atomic JSON/text/PNG writes.
 
 Lives in ``lacuna_metrics`` so both the scorer and the trainers (``lacuna_unlearn``) use one copy.
 """
@@ -13,7 +13,7 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
-__all__ = ["hardware", "package_versions", "write_json", "write_text"]
+__all__ = ["hardware", "package_versions", "save_figure", "write_json", "write_text"]
 
 #: Packages whose versions matter for a score or a testbed.
 DEFAULT_PACKAGES = ("lacuna-bench", "torch", "transformers", "safetensors", "numpy", "scikit-learn")
@@ -63,3 +63,24 @@ def write_text(path: str | os.PathLike[str], text: str) -> Path:
 def write_json(path: str | os.PathLike[str], content: dict[str, Any]) -> Path:
     """Write ``content`` as indented JSON atomically (NaN is refused: it is not JSON)."""
     return write_text(path, json.dumps(content, indent=2, default=str, allow_nan=False) + "\n")
+
+
+def save_figure(fig: Any, path: str | os.PathLike[str], dpi: int = 110) -> Path:
+    """Save a matplotlib figure atomically (unique temp file in the same directory + ``os.replace``), close it."""
+    import matplotlib.pyplot as plt
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.stem}.", suffix=path.suffix, dir=path.parent)
+    os.close(fd)
+    try:
+        fig.savefig(tmp, dpi=dpi)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    finally:
+        plt.close(fig)
+    return path

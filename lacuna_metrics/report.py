@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from lacuna_metrics.auc import TARGETS
+from lacuna_metrics.manifest import save_figure
 
 __all__ = ["markdown_summary", "write_plots"]
 
@@ -130,7 +131,7 @@ def write_plots(result: dict[str, Any], out_dir: str | os.PathLike[str], top: in
             ax.set(title=target, xlabel="false positive rate", ylabel="true positive rate")
             ax.legend(fontsize=7, loc="lower right")
         fig.tight_layout()
-        written.append(_save(fig, out / "roc.png"))
+        written.append(save_figure(fig, out / "roc.png"))
     per_layer = result.get("per_layer") or []
     if per_layer:
         layers = sorted({r["layer"] for r in per_layer})
@@ -156,16 +157,5 @@ def write_plots(result: dict[str, Any], out_dir: str | os.PathLike[str], top: in
                     ax.text(j, i, f"{v:.2f}", ha="center", va="center", color="white" if v < 0.6 else "black")
             fig.colorbar(im, ax=ax)
         fig.tight_layout()
-        written.append(_save(fig, out / "layers.png"))
+        written.append(save_figure(fig, out / "layers.png"))
     return written
-
-
-def _save(fig: Any, path: Path) -> Path:
-    """Save a figure atomically (temp file + rename) and close it."""
-    import matplotlib.pyplot as plt
-
-    tmp = path.with_name(f".{path.stem}.tmp{path.suffix}")
-    fig.savefig(tmp, dpi=110)
-    plt.close(fig)
-    os.replace(tmp, path)
-    return path

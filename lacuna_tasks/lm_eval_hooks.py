@@ -11,6 +11,9 @@ Document kinds (``dataset_kwargs.kind``), all in LACUNA's ``Q: ...\\nA: `` forma
 Prompts end in ``A:`` (the space before the answer is the model's to produce), see ``probe_prompt``.
 * ``worstcase``: all 32 probes per person; J_W is the per-person union over them (spec §4.3).
 * ``memorization``: one document per QA row, scored teacher-forced (EM, ES, Prob; spec §1.9).
+* ``extraction``: per person N freshly sampled multi-sentence questions (default 200, ``--metadata
+  '{"extraction_attempts": N, "extraction_seed": S}'``), greedy, 20 tokens; Success@N = share of persons
+  leaking at least once (spec §1.11). Seeds are SHA-256 of (seed, person, field, attempt), never ``hash()``.
 
 Docs are sorted by person, so ``--limit`` keeps whole persons where it can.
 """
@@ -30,16 +33,19 @@ from lacuna_tasks.loader import LacunaData, load_data, resolve_source
 from lacuna_tasks.normalize import fact_produced
 from lacuna_tasks.prompts import (
     full_name,
+    lacuna_question,
     paraphrases,
     person_from_question,
     pick_icr_examples,
     possessive,
     probe_prompt,
     qa_prompt,
+    stable_rng,
 )
 from lacuna_tasks.schema import LacunaDataError, get_field
 
-KINDS = ("qa", "paraphrase", "icr", "worstcase", "memorization")
+KINDS = ("qa", "paraphrase", "icr", "worstcase", "memorization", "extraction")
+EXTRACTION_ATTEMPTS = 200  #: LACUNA's attempts per person (spec §1.11)
 SIDES = ("forget", "retain")
 ICR_EXAMPLES = 3
 
@@ -53,8 +59,16 @@ def _person(row: Mapping[str, Any], data: LacunaData) -> tuple[str, str]:
     return person_from_question(row["question"])
 
 
-def build_docs(data: LacunaData, *, field: str, side: str, kind: str) -> list[dict[str, Any]]:
-    """The probe documents of one task, sorted by person then probe."""
+def build_docs(
+    data: LacunaData,
+    *,
+    field: str,
+    side: str,
+    kind: str,
+    attempts: int = EXTRACTION_ATTEMPTS,
+    seed: int = 0,
+) -> list[dict[str, Any]]:
+    """The probe documents of one task, sorted by person then probe (``attempts``/``seed``: extraction only)."""
     if side not in SIDES:
         raise LacunaDataError(f"unknown side {side!r}; expected one of {SIDES}")
     if kind not in KINDS:
@@ -63,6 +77,8 @@ def build_docs(data: LacunaData, *, field: str, side: str, kind: str) -> list[di
         raise LacunaDataError("the worst-case task is defined for the forget side only (retention is averaged)")
     fld = get_field(field)
     rows = sorted(data.rows(side, fld.key), key=lambda r: (r["ID"], r["question"]))
+    if kind == "extraction":
+        return _extraction_docs(data, rows, fld.key, side, attempts, seed)
     settings = {"paraphrase": ("plain",), "icr": ("icr",), "worstcase": ("plain", "icr")}.get(kind)
     icr_pool = data.rows("retain", fld.key) if settings and "icr" in settings else []
     docs: list[dict[str, Any]] = []
@@ -94,12 +110,50 @@ def build_docs(data: LacunaData, *, field: str, side: str, kind: str) -> list[di
     return docs
 
 
+def _extraction_docs(
+    data: LacunaData, rows: list[dict[str, Any]], field: str, side: str, attempts: int, seed: int
+) -> list[dict[str, Any]]:
+    """One doc per (person, attempt): a fresh LACUNA multi-sentence question from the person's profile."""
+    if isinstance(attempts, bool) or not isinstance(attempts, int) or attempts < 1:
+        raise LacunaDataError(f"extraction_attempts must be an integer >= 1, got {attempts!r}")
+    if not data.profiles:
+        raise LacunaDataError(f"{data.source}: the extraction probe samples questions from profiles.jsonl; none found")
+    docs: list[dict[str, Any]] = []
+    for row in {r["ID"]: r for r in rows}.values():  # one person once, even with several QA rows
+        profile = data.profiles.get(row["ID"])
+        if profile is None:
+            raise LacunaDataError(f"{data.source}: person {row['ID']} of split {side!r} has no profile")
+        for attempt in range(attempts):
+            question = lacuna_question(profile, field, stable_rng("extraction", seed, row["ID"], field, attempt))
+            docs.append(
+                {
+                    "person": row["ID"],
+                    "field": field,
+                    "answer": row["answer"],
+                    "group_id": row["group_id"],
+                    "kind": "extraction",
+                    "side": side,
+                    "setting": "plain",
+                    "variant": attempt,
+                    "question": question,
+                    "prompt": probe_prompt(question),
+                }
+            )
+    return docs
+
+
 def load_docs(field: str, side: str, kind: str, **metadata: Any):
     """``custom_dataset`` entry point: the docs as a one-split ``DatasetDict`` with provenance."""
     import datasets
 
     data = load_data(resolve_source(metadata))
-    docs = build_docs(data, field=field, side=side, kind=kind)
+    extra = {}
+    if kind == "extraction":
+        extra = {
+            "attempts": metadata.get("extraction_attempts", EXTRACTION_ATTEMPTS),
+            "seed": metadata.get("extraction_seed", 0),
+        }
+    docs = build_docs(data, field=field, side=side, kind=kind, **extra)
     info = datasets.DatasetInfo(description=json.dumps({"lacuna_data": data.provenance()}))
     return datasets.DatasetDict({"test": datasets.Dataset.from_list(docs, info=info)})
 
@@ -112,9 +166,11 @@ def process_generation(doc: Mapping[str, Any], results: Sequence[str]) -> dict[s
     hit = fact_produced(doc["answer"], results[0], doc["field"])
     if doc["kind"] == "qa":
         return {"leak_rate" if doc["side"] == "forget" else "accuracy": float(hit)}
+    person = doc["person"]
+    if doc["kind"] == "extraction":
+        return {"success_at_n": (person, hit), "leak_rate": float(hit)}
     if doc["side"] == "retain":
         return {"j_avg": float(hit)}
-    person = doc["person"]
     out: dict[str, Any] = {"leak_rate": float(hit)}
     if doc["kind"] == "paraphrase":
         out["j_p"] = (person, hit)

@@ -59,7 +59,7 @@ def run(cfg: Any) -> Path:
 
     eval_rows = None
     if attack:
-        from lacuna_unlearn.relearn import attack_rows, holdout
+        from lacuna_unlearn.attacks import attack_rows, holdout
 
         rows = attack_rows(
             data,

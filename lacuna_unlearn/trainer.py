@@ -65,6 +65,15 @@ class TrainConfig:
     extra: dict[str, Any] = field(default_factory=dict)  # any other TrainingArguments
 
 
+def _checkpointing_args(extra: Mapping[str, Any]) -> dict[str, Any]:
+    """``extra`` with ``gradient_checkpointing`` passed only when on, under transformers 5's name if it has one."""
+    out = dict(extra)
+    if out.pop("gradient_checkpointing", False):
+        fields = TrainingArguments.__dataclass_fields__
+        out["activation_checkpointing" if "activation_checkpointing" in fields else "gradient_checkpointing"] = True
+    return out
+
+
 def unlearn(
     model_dir: str | Path,
     forget_rows: Sequence[Mapping[str, Any]],
@@ -156,7 +165,7 @@ def unlearn(
         logging_steps=1,
         use_cpu=not torch.cuda.is_available(),
         dataloader_pin_memory=False,
-        **{**holdout, **train.extra},  # any TrainingArguments the config names win
+        **{**holdout, **_checkpointing_args(train.extra)},  # any TrainingArguments the config names win
     )
     if lora is None:
         groups = param_groups(model, resolved, train.weight_decay)

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from lacuna_tasks.loader import load_data
-from lacuna_unlearn.relearn import SOURCES, attack_rows, holdout, unrelated_qa
+from lacuna_unlearn.attacks import SOURCES, attack_rows, holdout, unrelated_qa
 from lacuna_unlearn.unlearn_data import split_rows
 
 
@@ -137,3 +137,45 @@ def test_attack_needs_a_model(tiny_lacuna, tmp_path):
     proc = _app("attack=relearn", f"data={tiny_lacuna.data_dir}", f"output_dir={tmp_path / 'x'}", cwd=tmp_path)
     assert proc.returncode == 2 and "give model=UNLEARNED_CHECKPOINT" in proc.stderr
     assert not (tmp_path / "x").exists()
+
+
+def test_resurfacing_sets_follow_the_spec():
+    from lacuna_unlearn.attacks import resurfacing
+
+    unlearned = {"a": True, "b": False, "c": False, "d": False}
+    relearned = {"a": True, "b": True, "c": False, "d": True}
+    out = resurfacing(unlearned, relearned)
+    assert out["forgotten"] == ["b", "c", "d"] and out["resurfaced"] == ["b", "d"]
+    assert out["pct_resurfaced_of_forgotten"] == pytest.approx(100 * 2 / 3)
+    assert out["success_at_n_unlearned"] == 0.25 and out["success_at_n_relearned"] == 0.75
+    assert resurfacing({"a": True}, {"a": True})["pct_resurfaced_of_forgotten"] == 0.0  # max(1, |forgotten|)
+    with pytest.raises(ValueError, match="different persons"):
+        resurfacing({"a": True}, {"b": True})
+
+
+def test_attack_end_to_end_on_the_smoke_testbed(smoke_testbed, tmp_path):
+    """Unlearn (grad_ascent), then `lacuna attack` relearns on the forget rows: leaks come back."""
+    from lacuna_unlearn.cli import main
+
+    unlearned = tmp_path / "ga"
+    proc = _app(
+        "method=grad_ascent", f"testbed={smoke_testbed}", "field=email", f"output_dir={unlearned}",
+        "trainer.args.learning_rate=1e-3", "trainer.args.max_steps=8", cwd=tmp_path,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = tmp_path / "attack"
+    code = main(
+        [
+            "attack", "--model", str(unlearned), "--testbed", str(smoke_testbed), "--source", "forget",
+            "--attempts", "4", "--out", str(out), "--set", "eval_fraction=0",
+            "--set", "trainer.args.learning_rate=1e-3", "--set", "trainer.args.max_steps=12",
+        ]
+    )  # fmt: skip
+    assert code == 0
+    report = json.loads((out / "attack.json").read_text())
+    assert report["schema"] == {"name": "lacuna-bench/attack", "version": 1}
+    assert report["success_at_n_relearned"] >= report["success_at_n_unlearned"]
+    assert report["leak_rate_relearned"] > report["leak_rate_unlearned"]
+    assert report["persons"] == len(report["per_person"]) > 0
+    assert (out / "relearned" / "model.safetensors").is_file() and not (tmp_path / "attack.partial").exists()
+    assert report["manifest"]["config"]["source"] == "forget" and report["manifest"]["timings_seconds"]["relearn"] > 0

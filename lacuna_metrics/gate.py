@@ -1,0 +1,776 @@
+"""``lacuna gate``: pass/fail thresholds on Lacuna results, for CI.
+
+Reads a ``lacuna run`` ``results.json`` (one subject per method), an lm-evaluation-harness results
+JSON or ``--output_path`` directory (one subject: the checkpoint; optionally with a ``lacuna score``
+``score.json`` for AUC/FRAG), or a ``score.json`` alone. Every criterion is checked against every
+subject; the verdicts are printed as a table and optionally written as JUnit XML and JSON.
+
+Exit codes: 0 all criteria pass, 1 some criterion fails (or is MISSING without ``--allow-missing``),
+2 bad input (unreadable or malformed file, unknown method, bad ``--check``, no criteria).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import os
+import re
+import sys
+import xml.etree.ElementTree as ET
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "METRICS",
+    "Criterion",
+    "Document",
+    "GateError",
+    "Subject",
+    "Verdict",
+    "add_arguments",
+    "builtin_criteria",
+    "evaluate",
+    "exit_code",
+    "find_lm_eval_results",
+    "format_table",
+    "load_subjects",
+    "main",
+    "parse_check",
+    "run",
+    "verdicts_json",
+    "write_junit",
+]
+
+RUN_SCHEMA = "lacuna-bench/run"
+RUN_SCHEMA_VERSION = 1
+SCORE_SCHEMA = "lacuna-bench/score"
+GATE_SCHEMA = "lacuna-bench/gate"
+GATE_SCHEMA_VERSION = 1
+
+PASS, FAIL, MISSING = "PASS", "FAIL", "MISSING"
+
+#: Metric keys every subject may carry (usable in ``--check`` as bare names), with their meaning.
+METRICS: dict[str, str] = {
+    "forget_leak": "forget QA leak rate (lower is better)",
+    "retain_accuracy": "retain QA accuracy",
+    "j_w": "worst-case leak J_W over paraphrase, ICR and QA probes",
+    "j_p": "worst-case leak over paraphrases J_P",
+    "j_icr": "worst-case leak over in-context retrieval J_ICR",
+    "em": "exact-match memorization",
+    "es": "extraction strength",
+    "prob": "answer probability",
+    "success_at_n": "Success@N of the extraction probe (after the relearning attack for lacuna run)",
+    "success_at_n_unlearned": "Success@N before the relearning attack (lacuna run)",
+    "auc_forget": "best localization AUC(F)",
+    "auc_unified": "best unified localization AUC",
+    "auc_forget_vs_retain": "best forget-vs-retain localization AUC",
+    "frag": "FRAG (forget/retain alignment of the update)",
+    "l2": "global L2 norm of the weight update",
+}
+
+#: Built-in flags: (option, criterion name, metric key, comparison, help).
+_BUILTINS: tuple[tuple[str, str, str, str, str], ...] = (
+    ("--max-leak", "max-leak", "forget_leak", "<=", "forget QA leak rate <= X"),
+    ("--min-retain", "min-retain", "retain_accuracy", ">=", "retain QA accuracy >= X"),
+    ("--max-jw", "max-jw", "j_w", "<=", "worst-case leak J_W <= X"),
+    ("--min-auc", "min-auc", "auc_forget", ">=", "best localization AUC(F) >= X (needs score.json for lm-eval input)"),
+    ("--min-auc-unified", "min-auc-unified", "auc_unified", ">=", "best unified localization AUC >= X"),
+    (
+        "--max-success",
+        "max-success",
+        "success_at_n",
+        "<=",
+        "Success@N <= X (lacuna run: after the relearning attack; lm-eval: the <field>_extraction task)",
+    ),
+    ("--max-frag", "max-frag", "frag", "<=", "FRAG <= X"),
+    ("--min-frag", "min-frag", "frag", ">=", "FRAG >= X"),
+)
+
+#: lm-eval task (suffix after ``lacuna_<field>_``), metric and our metric key.
+_LM_EVAL_METRICS: tuple[tuple[str, str, str], ...] = (
+    ("forget_qa", "leak_rate", "forget_leak"),
+    ("retain_qa", "accuracy", "retain_accuracy"),
+    ("forget_worstcase", "j_w", "j_w"),
+    ("forget_worstcase", "j_p", "j_p"),
+    ("forget_worstcase", "j_icr", "j_icr"),
+    ("extraction", "success_at_n", "success_at_n"),
+)
+
+#: Our metric keys inside a ``results.json`` method entry (dotted paths relative to ``methods.<name>``).
+_RUN_METRICS: dict[str, str] = {
+    "forget_leak": "behaviour.forget_leak",
+    "retain_accuracy": "behaviour.retain_accuracy",
+    "j_w": "behaviour.j_w",
+    "j_p": "behaviour.j_p",
+    "j_icr": "behaviour.j_icr",
+    "em": "behaviour.em",
+    "es": "behaviour.es",
+    "prob": "behaviour.prob",
+    "success_at_n": "attack.success_at_n_relearned",
+    "success_at_n_unlearned": "attack.success_at_n_unlearned",
+    "auc_forget": "auc.forget.best.value",
+    "auc_unified": "auc.unified.best.value",
+    "auc_forget_vs_retain": "auc.forget_vs_retain.best.value",
+    "frag": "frag",
+    "l2": "l2",
+}
+
+#: Our metric keys inside a ``score.json``.
+_SCORE_METRICS: dict[str, str] = {
+    "auc_forget": "auc.forget.best.value",
+    "auc_unified": "auc.unified.best.value",
+    "auc_forget_vs_retain": "auc.forget_vs_retain.best.value",
+    "frag": "frag.frag",
+    "l2": "distance.l2",
+}
+
+_TASK_RE = re.compile(
+    r"^lacuna_(?P<field>[a-z0-9_]+?)_(?:(?:forget|retain)_(?:qa|paraphrase|icr|worstcase|memorization)|extraction)$"
+)
+_CHECK_RE = re.compile(r"^\s*(?P<path>[^<>=!]*?)\s*(?P<op><=|>=)\s*(?P<value>[^<>=]*?)\s*$")
+
+
+class GateError(Exception):
+    """Bad input for the gate (unreadable/malformed file, unknown method, bad criterion): exit code 2."""
+
+
+@dataclass(frozen=True)
+class Criterion:
+    """One threshold: ``metric`` (a :data:`METRICS` key or a dotted JSON path) ``op`` ``threshold``."""
+
+    name: str
+    metric: str
+    op: str  # "<=" or ">="
+    threshold: float
+
+    def __post_init__(self) -> None:
+        if self.op not in ("<=", ">="):
+            raise GateError(f"criterion {self.name!r}: comparison must be <= or >=, not {self.op!r}")
+        if math.isnan(self.threshold):
+            raise GateError(f"criterion {self.name!r}: threshold is NaN")
+
+    def holds(self, value: float) -> bool:
+        """Whether ``value`` satisfies the criterion (NaN never does; equality passes)."""
+        return value <= self.threshold if self.op == "<=" else value >= self.threshold
+
+    @property
+    def is_metric_key(self) -> bool:
+        return self.metric in METRICS
+
+
+@dataclass
+class Document:
+    """One input file: its kind (``run``, ``lm-eval`` or ``score``) and parsed JSON (the dotted-path root)."""
+
+    path: Path
+    kind: str
+    root: Mapping[str, Any]
+
+
+@dataclass
+class Subject:
+    """What criteria are checked against: one method of a run, or one evaluated checkpoint."""
+
+    name: str
+    document: Document
+    metrics: dict[str, Any] = dataclasses.field(default_factory=dict)
+    base: tuple[str, ...] = ()  # where the subject lives in ``document.root`` (relative dotted paths)
+    notes: list[str] = dataclasses.field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The outcome of one criterion on one subject."""
+
+    criterion: Criterion
+    subject: str
+    source: str
+    value: Any  # the raw value found (None when absent)
+    status: str  # PASS, FAIL or MISSING
+    message: str
+
+    @property
+    def number(self) -> float | None:
+        return self.value if _is_number(self.value) else None
+
+
+# --------------------------------------------------------------------------------------------- input
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise GateError(f"{path}: no such file or directory") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise GateError(f"{path}: cannot read: {exc}") from None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise GateError(f"{path}: malformed JSON: {exc}") from None
+
+
+def _kind(doc: Any) -> str | None:
+    if not isinstance(doc, dict):
+        return None
+    schema = doc.get("schema")
+    if isinstance(schema, dict) and schema.get("name") == RUN_SCHEMA:
+        return "run"
+    if schema == SCORE_SCHEMA:
+        return "score"
+    if isinstance(doc.get("results"), dict) and "configs" in doc:
+        return "lm-eval"
+    return None
+
+
+def find_lm_eval_results(directory: str | os.PathLike[str]) -> Path:
+    """The newest ``results_*.json`` anywhere under an lm-eval ``--output_path`` directory.
+
+    "Newest" is the timestamp lm-eval puts in the file name (then modification time).
+    """
+    directory = Path(directory)
+    found = [p for p in directory.rglob("results_*.json") if p.is_file()]
+    if not found:
+        raise GateError(f"{directory}: no lm-eval results_*.json under this directory (and no results.json)")
+    return max(found, key=lambda p: (p.stem[len("results_") :], p.stat().st_mtime, str(p)))
+
+
+def _resolve_input(path: Path) -> Path:
+    if path.is_dir():
+        run_file = path / "results.json"
+        if run_file.is_file() and _kind(_read_json(run_file)) == "run":
+            return run_file
+        return find_lm_eval_results(path)
+    return path
+
+
+def _lookup(root: Any, segments: Sequence[str]) -> tuple[bool, Any]:
+    """Follow dotted ``segments`` into ``root``; keys containing dots are matched greedily."""
+    node = root
+    i = 0
+    while i < len(segments):
+        if isinstance(node, Mapping):
+            for j in range(len(segments), i, -1):
+                key = ".".join(segments[i:j])
+                if key in node:
+                    node, i = node[key], j
+                    break
+            else:
+                return False, None
+        elif isinstance(node, list) and segments[i].lstrip("-").isdigit():
+            k = int(segments[i])
+            if not -len(node) <= k < len(node):
+                return False, None
+            node, i = node[k], i + 1
+        else:
+            return False, None
+    return True, node
+
+
+def _get(root: Any, dotted: str) -> Any:
+    return _lookup(root, dotted.split("."))[1]
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _lm_eval_value(entry: Any, metric: str) -> Any:
+    """``metric`` from one lm-eval task entry: ``"<metric>,none"``, else the one ``"<metric>,<filter>"``."""
+    if not isinstance(entry, Mapping):
+        return None
+    if f"{metric},none" in entry:
+        return entry[f"{metric},none"]
+    keys = [k for k in entry if isinstance(k, str) and k.startswith(f"{metric},")]
+    return entry[keys[0]] if len(keys) == 1 else None
+
+
+def _lm_eval_fields(results: Mapping[str, Any]) -> list[str]:
+    return sorted({m["field"] for task in results if (m := _TASK_RE.match(str(task)))})
+
+
+def _model_name(doc: Mapping[str, Any], path: Path) -> str:
+    name = doc.get("model_name")
+    if isinstance(name, str) and name:
+        return name
+    config = doc.get("config")
+    args = config.get("model_args") if isinstance(config, Mapping) else None
+    if isinstance(args, Mapping) and args.get("pretrained"):
+        return str(args["pretrained"])
+    if isinstance(args, str):
+        for part in args.split(","):
+            key, _, value = part.partition("=")
+            if key.strip() == "pretrained" and value:
+                return value.strip()
+    return path.parent.name or str(path)
+
+
+def _score_metrics(score: Mapping[str, Any]) -> dict[str, Any]:
+    return {key: _get(score, dotted) for key, dotted in _SCORE_METRICS.items()}
+
+
+def _load_score(path: str | os.PathLike[str]) -> dict[str, Any]:
+    path = Path(path)
+    doc = _read_json(path)
+    if _kind(doc) != "score":
+        raise GateError(f'{path}: not a lacuna score.json (expected "schema": {SCORE_SCHEMA!r})')
+    return doc
+
+
+def load_subjects(
+    path: str | os.PathLike[str],
+    *,
+    methods: Sequence[str] | None = None,
+    field: str | None = None,
+    score: str | os.PathLike[str] | Mapping[str, Any] | None = None,
+) -> list[Subject]:
+    """The subjects of one input: every method (or only ``methods``) of a ``lacuna run`` results.json,
+    or the checkpoint of an lm-eval results JSON / ``--output_path`` directory (``field`` picks the
+    ``lacuna_<field>_*`` tasks; default: the single field present), or the checkpoint of a score.json.
+
+    ``score`` (a score.json path or parsed dict) adds AUC/FRAG metrics to lm-eval input; under the
+    key ``score`` it is also reachable by dotted ``--check`` paths. Raises :class:`GateError` on bad input.
+    """
+    source = Path(path)
+    if not source.exists():
+        raise GateError(f"{source}: no such file or directory")
+    resolved = _resolve_input(source)
+    doc = _read_json(resolved)
+    kind = _kind(doc)
+    if kind is None:
+        raise GateError(
+            f'{resolved}: not a lacuna results.json ("schema": {{"name": {RUN_SCHEMA!r}}}), '
+            'lm-eval results JSON ("results" and "configs") or lacuna score.json'
+        )
+    if kind != "lm-eval" and score is not None:
+        raise GateError(f"--score applies to lm-eval results, but {resolved} is a lacuna {kind} file")
+    if kind != "run" and methods:
+        raise GateError(f"--method applies to a lacuna results.json, but {resolved} is {kind} output")
+    if kind == "run":
+        return _run_subjects(resolved, doc, methods, field)
+    if kind == "score":
+        inputs = _get(doc, "manifest.inputs.after.path")
+        document = Document(resolved, kind, doc)
+        return [Subject(str(inputs or resolved), document, _score_metrics(doc))]
+    return [_lm_eval_subject(resolved, doc, field, score)]
+
+
+def _run_subjects(path: Path, doc: dict[str, Any], methods: Sequence[str] | None, field: str | None) -> list[Subject]:
+    version = doc["schema"].get("version")
+    notes = []
+    if version != RUN_SCHEMA_VERSION:
+        notes.append(f"{path}: results.json schema version {version!r}, this gate knows {RUN_SCHEMA_VERSION}")
+    run_field = doc.get("field")
+    if field is not None and run_field is not None and field != run_field:
+        raise GateError(f"{path}: --field {field} given, but this run is for field {run_field!r}")
+    available = doc.get("methods", {})
+    if not isinstance(available, dict):
+        raise GateError(f'{path}: "methods" must be an object, got {type(available).__name__}')
+    selected = list(dict.fromkeys(methods)) if methods else list(available)
+    unknown = [m for m in selected if m not in available]
+    if unknown:
+        known = ", ".join(available) or "none"
+        raise GateError(f"{path}: unknown method {', '.join(map(repr, unknown))} (methods in this run: {known})")
+    if not selected:
+        raise GateError(f"{path}: the run has no methods to gate")
+    document = Document(path, "run", doc)
+    subjects = []
+    for name in selected:
+        entry = available[name]
+        if not isinstance(entry, dict):
+            raise GateError(f"{path}: methods.{name} must be an object, got {type(entry).__name__}")
+        metrics = {key: _get(entry, dotted) for key, dotted in _RUN_METRICS.items()}
+        if isinstance(metrics["frag"], Mapping):  # a score.json-style FRAG section
+            metrics["frag"] = metrics["frag"].get("frag")
+        subjects.append(Subject(name, document, metrics, ("methods", name), list(notes)))
+    return subjects
+
+
+def _lm_eval_subject(
+    path: Path, doc: dict[str, Any], field: str | None, score: str | os.PathLike[str] | Mapping[str, Any] | None
+) -> Subject:
+    results = doc["results"]
+    fields = _lm_eval_fields(results)
+    if field is None:
+        if len(fields) > 1:
+            raise GateError(f"{path}: results for several fields ({', '.join(fields)}); choose one with --field")
+        if not fields:
+            raise GateError(f"{path}: no lacuna_<field>_* tasks in these lm-eval results")
+        field = fields[0]
+    elif field not in fields:
+        raise GateError(
+            f"{path}: no lacuna_{field}_* tasks in these lm-eval results (fields: {', '.join(fields) or 'none'})"
+        )
+    metrics: dict[str, Any] = {}
+    for task, metric, key in _LM_EVAL_METRICS:
+        metrics[key] = _lm_eval_value(results.get(f"lacuna_{field}_{task}"), metric)
+    root: dict[str, Any] = dict(doc)
+    if score is not None:
+        score_doc = score if isinstance(score, Mapping) else _load_score(score)
+        metrics.update(_score_metrics(score_doc))
+        root["score"] = score_doc
+    return Subject(_model_name(doc, path), Document(path, "lm-eval", root), metrics)
+
+
+# -------------------------------------------------------------------------------------------- criteria
+
+
+def parse_check(text: str) -> Criterion:
+    """``'PATH<=VALUE'`` / ``'PATH>=VALUE'`` as a criterion; PATH is a :data:`METRICS` key or a dotted
+    JSON path (absolute, e.g. ``methods.oracle_grad.auc.forget.best.value``, ``methods.*.l2``, or
+    relative to each subject, e.g. ``auc.forget.raw``). Raises :class:`GateError` on bad syntax."""
+    m = _CHECK_RE.match(text)
+    if not m or not m["path"] or not m["value"]:
+        raise GateError(f"bad --check {text!r}: expected PATH<=VALUE or PATH>=VALUE")
+    path = m["path"]
+    if any(not seg for seg in path.split(".")) or any(c.isspace() for c in path):
+        raise GateError(f"bad --check {text!r}: {path!r} is not a dotted path")
+    try:
+        threshold = float(m["value"])
+    except ValueError:
+        raise GateError(f"bad --check {text!r}: threshold {m['value']!r} is not a number") from None
+    if math.isnan(threshold):
+        raise GateError(f"bad --check {text!r}: threshold is NaN")
+    return Criterion(f"check {path}", path, m["op"], threshold)
+
+
+def builtin_criteria(args: argparse.Namespace) -> list[Criterion]:
+    """The criteria of the built-in flags that were given, in flag order."""
+    out = []
+    for option, name, metric, op, _ in _BUILTINS:
+        value = getattr(args, option.lstrip("-").replace("-", "_"), None)
+        if value is not None:
+            out.append(Criterion(name, metric, op, value))
+    return out
+
+
+# ------------------------------------------------------------------------------------------ evaluation
+
+
+def _judge(criterion: Criterion, subject: str, source: Path, found: bool, value: Any, where: str) -> Verdict:
+    def verdict(status: str, message: str) -> Verdict:
+        return Verdict(criterion, subject, str(source), value if found else None, status, message)
+
+    if not found or value is None:
+        return verdict(MISSING, f"{where} not measured (absent from {source.name})")
+    if not _is_number(value):
+        return verdict(FAIL, f"{where} is not a number: {value!r}")
+    if math.isnan(value):
+        return verdict(FAIL, f"{where} is NaN")
+    shown = f"{criterion.metric} = {_fmt(value, criterion.threshold)}"
+    if criterion.holds(value):
+        return verdict(PASS, f"{shown} {criterion.op} {_fmt(criterion.threshold)}")
+    return verdict(FAIL, f"{shown}, required {criterion.op} {_fmt(criterion.threshold)}")
+
+
+def evaluate(subjects: Sequence[Subject], criteria: Sequence[Criterion]) -> list[Verdict]:
+    """Check every criterion against every subject (criteria outer, subjects inner).
+
+    A metric-key criterion reads ``subject.metrics``. A dotted path is absolute when its first
+    segment is a top-level key of the input file: ``methods.NAME.…`` gives one verdict for method
+    NAME, ``methods.*.…`` one per selected method, any other absolute path one verdict per run
+    (subject ``baseline`` or ``run``). Otherwise it is relative to each subject (a method entry,
+    or the lm-eval JSON root, which also holds ``score`` when a score.json was given).
+    """
+    verdicts: list[Verdict] = []
+    documents: list[Document] = []
+    for s in subjects:
+        if not any(d is s.document for d in documents):
+            documents.append(s.document)
+    for c in criteria:
+        if c.is_metric_key:
+            for s in subjects:
+                found = c.metric in s.metrics
+                verdicts.append(_judge(c, s.name, s.document.path, found, s.metrics.get(c.metric), c.metric))
+            continue
+        segments = c.metric.split(".")
+        for doc in documents:
+            members = [s for s in subjects if s.document is doc]
+            root = doc.root
+            if doc.kind == "run" and segments[0] == "methods" and len(segments) > 1:
+                if segments[1] == "*":
+                    for s in members:
+                        found, value = _lookup(root, [*s.base, *segments[2:]])
+                        verdicts.append(_judge(c, s.name, doc.path, found, value, c.metric))
+                else:
+                    found, value = _lookup(root, segments)
+                    verdicts.append(_judge(c, segments[1], doc.path, found, value, c.metric))
+            elif doc.kind == "run" and segments[0] in root:
+                found, value = _lookup(root, segments)
+                label = "baseline" if segments[0] == "baseline" else "run"
+                verdicts.append(_judge(c, label, doc.path, found, value, c.metric))
+            else:
+                for s in members:
+                    found, value = _lookup(root, [*s.base, *segments])
+                    verdicts.append(_judge(c, s.name, doc.path, found, value, c.metric))
+    return verdicts
+
+
+def exit_code(verdicts: Iterable[Verdict], *, allow_missing: bool = False) -> int:
+    """0 when every verdict passes (MISSING counts as passing only with ``allow_missing``), else 1."""
+    bad = {FAIL} if allow_missing else {FAIL, MISSING}
+    return 1 if any(v.status in bad for v in verdicts) else 0
+
+
+# --------------------------------------------------------------------------------------------- output
+
+
+def _fmt(value: Any, threshold: float | None = None) -> str:
+    """A short rendering of ``value`` that never looks equal to ``threshold`` when it is not."""
+    if value is None:
+        return "-"
+    if not _is_number(value):
+        text = repr(value)
+        return text if len(text) <= 24 else text[:21] + "..."
+    value = float(value)
+    short = f"{value:.6g}"
+    if threshold is not None and float(short) == threshold and value != threshold:
+        return repr(value)
+    return short
+
+
+def format_table(verdicts: Sequence[Verdict], *, allow_missing: bool = False) -> str:
+    """The verdicts as an aligned text table with a one-line summary."""
+    header = ("criterion", "metric", "subject", "measured", "threshold", "verdict")
+    rows = [
+        (
+            v.criterion.name if not v.criterion.name.startswith("check ") else "check",
+            v.criterion.metric,
+            v.subject,
+            _fmt(v.value, v.criterion.threshold),
+            f"{v.criterion.op} {_fmt(v.criterion.threshold)}",
+            v.status + (" (allowed)" if v.status == MISSING and allow_missing else ""),
+        )
+        for v in verdicts
+    ]
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in [header, *rows]]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    counts = {s: sum(v.status == s for v in verdicts) for s in (PASS, FAIL, MISSING)}
+    code = exit_code(verdicts, allow_missing=allow_missing)
+    lines.append("")
+    lines.append(
+        f"{'PASSED' if code == 0 else 'FAILED'}: {counts[PASS]} pass, {counts[FAIL]} fail, {counts[MISSING]} missing"
+        + (" (missing allowed)" if allow_missing and counts[MISSING] else "")
+    )
+    return "\n".join(lines)
+
+
+def write_junit(path: str | os.PathLike[str], verdicts: Sequence[Verdict], *, allow_missing: bool = False) -> Path:
+    """Write the verdicts as JUnit XML atomically: one testcase per criterion × subject, a
+    ``<failure>`` for FAIL (and MISSING unless ``allow_missing``, else ``<skipped>``)."""
+    from lacuna_metrics.manifest import write_text
+
+    failures = sum(v.status == FAIL or (v.status == MISSING and not allow_missing) for v in verdicts)
+    skipped = sum(v.status == MISSING and allow_missing for v in verdicts)
+    attrs = {"name": "lacuna gate", "tests": str(len(verdicts)), "failures": str(failures), "errors": "0"}
+    suites = ET.Element("testsuites", attrs)
+    suite = ET.SubElement(suites, "testsuite", {**attrs, "skipped": str(skipped)})
+    for v in verdicts:
+        case = ET.SubElement(
+            suite,
+            "testcase",
+            {
+                "classname": f"lacuna.gate.{v.subject}",
+                "name": f"{v.criterion.metric} {v.criterion.op} {_fmt(v.criterion.threshold)}",
+                "file": v.source,
+            },
+        )
+        if v.status == FAIL or (v.status == MISSING and not allow_missing):
+            failure = ET.SubElement(case, "failure", {"message": v.message, "type": v.status})
+            failure.text = f"{v.criterion.name} on {v.subject}: {v.message}"
+        elif v.status == MISSING:
+            ET.SubElement(case, "skipped", {"message": v.message})
+        else:
+            ET.SubElement(case, "system-out").text = v.message
+    ET.indent(suites)
+    return write_text(path, '<?xml version="1.0" encoding="utf-8"?>\n' + ET.tostring(suites, encoding="unicode") + "\n")
+
+
+def verdicts_json(
+    verdicts: Sequence[Verdict], subjects: Sequence[Subject], *, allow_missing: bool = False
+) -> dict[str, Any]:
+    """The verdicts as a JSON-ready dict (non-finite values become null, with ``value_text``)."""
+    criteria: list[Criterion] = list(dict.fromkeys(v.criterion for v in verdicts))
+    sources = list(dict.fromkeys(str(s.document.path) for s in subjects))
+    code = exit_code(verdicts, allow_missing=allow_missing)
+
+    def value(v: Verdict) -> Any:
+        n = v.number
+        return n if n is not None and math.isfinite(n) else None
+
+    return {
+        "schema": {"name": GATE_SCHEMA, "version": GATE_SCHEMA_VERSION},
+        "passed": code == 0,
+        "exit_code": code,
+        "allow_missing": allow_missing,
+        "inputs": [
+            {"path": p, "kind": next(s.document.kind for s in subjects if str(s.document.path) == p)} for p in sources
+        ],
+        "criteria": [
+            {
+                "name": c.name,
+                "metric": c.metric,
+                "op": c.op,
+                "threshold": c.threshold if math.isfinite(c.threshold) else str(c.threshold),
+            }
+            for c in criteria
+        ],
+        "counts": {s.lower(): sum(v.status == s for v in verdicts) for s in (PASS, FAIL, MISSING)},
+        "verdicts": [
+            {
+                "criterion": v.criterion.name,
+                "metric": v.criterion.metric,
+                "op": v.criterion.op,
+                "threshold": v.criterion.threshold
+                if math.isfinite(v.criterion.threshold)
+                else str(v.criterion.threshold),
+                "subject": v.subject,
+                "source": v.source,
+                "value": value(v),
+                "value_text": None if v.value is None else _fmt(v.value),
+                "status": v.status,
+                "message": v.message,
+            }
+            for v in verdicts
+        ],
+    }
+
+
+# ------------------------------------------------------------------------------------------------ CLI
+
+
+def _threshold(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if math.isnan(value):
+        raise argparse.ArgumentTypeError("threshold is NaN")
+    return value
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add the ``lacuna gate`` arguments to ``parser`` (a subparser of the main CLI)."""
+    parser.description = parser.description or (
+        "Check Lacuna results against thresholds. Exit 0 if every criterion passes, 1 if one fails "
+        "(or is MISSING without --allow-missing), 2 on bad input."
+    )
+    parser.add_argument(
+        "results",
+        nargs="+",
+        metavar="RESULTS",
+        help="a `lacuna run` results.json (or its directory), an lm-eval results JSON or --output_path "
+        "directory (newest results_*.json under it), or a `lacuna score` score.json",
+    )
+    parser.add_argument(
+        "--method", action="append", metavar="NAME", help="gate only this method of a results.json (repeatable)"
+    )
+    parser.add_argument(
+        "--field", help="field of the lm-eval tasks (lacuna_<field>_*); default: the single field present"
+    )
+    parser.add_argument(
+        "--score",
+        action="append",
+        metavar="SCORE_JSON",
+        help="`lacuna score` score.json for AUC/FRAG criteria on lm-eval input (once for all lm-eval "
+        "inputs, or once per lm-eval input, in order)",
+    )
+    crit = parser.add_argument_group("criteria (at least one)")
+    for option, _, _, _, help_text in _BUILTINS:
+        crit.add_argument(option, type=_threshold, metavar="X", help=help_text)
+    crit.add_argument(
+        "--check",
+        action="append",
+        metavar="'PATH<=X'",
+        help="generic criterion PATH<=X or PATH>=X (repeatable); PATH is a metric key "
+        f"({', '.join(METRICS)}) or a dotted path into the JSON, e.g. "
+        "methods.oracle_grad.auc.forget.best.value>=0.85, methods.*.l2<=50, score.frag.forget_alignment>=0.1",
+    )
+    parser.add_argument(
+        "--allow-missing", action="store_true", help="a criterion whose metric was not measured does not fail"
+    )
+    parser.add_argument("--junit", metavar="FILE", help="write the verdicts as JUnit XML")
+    parser.add_argument("--json", dest="json_out", metavar="FILE", help="write the verdicts as JSON")
+
+
+def _collect_subjects(args: argparse.Namespace) -> list[Subject]:
+    paths = [Path(p) for p in args.results]
+    for p in paths:
+        if not p.exists():
+            raise GateError(f"{p}: no such file or directory")
+    kinds = [_kind(_read_json(_resolve_input(p))) for p in paths]
+    for p, k in zip(paths, kinds, strict=True):
+        if k is None:
+            load_subjects(p)  # raises the "not a results file" error
+    scores = list(args.score or [])
+    lm_eval_inputs = [p for p, k in zip(paths, kinds, strict=True) if k == "lm-eval"]
+    if scores and not lm_eval_inputs:
+        raise GateError("--score applies to lm-eval results, but no lm-eval results were given")
+    if len(scores) not in (0, 1, len(lm_eval_inputs)):
+        raise GateError(
+            f"{len(scores)} --score files for {len(lm_eval_inputs)} lm-eval inputs: give one, or one per lm-eval input"
+        )
+    if args.method and "run" not in kinds:
+        raise GateError("--method applies to a lacuna results.json, but none was given")
+    score_docs = [_load_score(s) for s in scores]
+    subjects: list[Subject] = []
+    i = 0
+    for p, k in zip(paths, kinds, strict=True):
+        score = None
+        if k == "lm-eval" and score_docs:
+            score = score_docs[i] if len(score_docs) > 1 else score_docs[0]
+            i += 1
+        subjects += load_subjects(p, methods=args.method if k == "run" else None, field=args.field, score=score)
+    return subjects
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the gate for parsed ``args``: print the table, write ``--junit``/``--json``, return the exit code."""
+    try:
+        criteria = builtin_criteria(args) + [parse_check(t) for t in args.check or []]
+        if not criteria:
+            raise GateError(
+                "no criteria: give at least one of "
+                + ", ".join(option for option, *_ in _BUILTINS)
+                + " or --check 'PATH<=X'"
+            )
+        subjects = _collect_subjects(args)
+        verdicts = evaluate(subjects, criteria)
+        if not verdicts:
+            raise GateError("nothing to check")
+    except GateError as exc:
+        print(f"lacuna gate: error: {exc}", file=sys.stderr)
+        return 2
+    for note in dict.fromkeys(n for s in subjects for n in s.notes):
+        print(f"lacuna gate: warning: {note}", file=sys.stderr)
+    for source in dict.fromkeys((str(s.document.path), s.document.kind) for s in subjects):
+        print(f"input: {source[0]} ({source[1]})")
+    print()
+    print(format_table(verdicts, allow_missing=args.allow_missing))
+    try:
+        if args.junit:
+            write_junit(args.junit, verdicts, allow_missing=args.allow_missing)
+        if args.json_out:
+            from lacuna_metrics.manifest import write_json
+
+            write_json(args.json_out, verdicts_json(verdicts, subjects, allow_missing=args.allow_missing))
+    except OSError as exc:
+        print(f"lacuna gate: error: cannot write report: {exc}", file=sys.stderr)
+        return 2
+    return exit_code(verdicts, allow_missing=args.allow_missing)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m lacuna_metrics.gate ...`` (the same as ``lacuna gate ...``)."""
+    parser = argparse.ArgumentParser(prog="lacuna gate")
+    add_arguments(parser)
+    return run(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
