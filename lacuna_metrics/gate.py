@@ -240,11 +240,19 @@ def find_lm_eval_results(directory: str | os.PathLike[str]) -> Path:
 
 
 def _resolve_input(path: Path) -> Path:
+    """The results file behind ``path``: itself, ``DIR/results.json`` of a run, the newest lm-eval
+    ``results_*.json`` under a directory, or, for lm-eval's ``--output_path out/x.json`` (written as
+    ``out/x_<timestamp>.json``), the newest ``x_*.json``."""
     if path.is_dir():
         run_file = path / "results.json"
         if run_file.is_file() and _kind(_read_json(run_file)) == "run":
             return run_file
         return find_lm_eval_results(path)
+    if not path.exists():
+        stamped = [p for p in path.parent.glob(f"{path.stem}_*.json") if p.is_file()] if path.suffix == ".json" else []
+        if not stamped:
+            raise GateError(f"{path}: no such file or directory")
+        return max(stamped, key=lambda p: (p.stem[len(path.stem) + 1 :], p.stat().st_mtime, str(p)))
     return path
 
 
@@ -335,10 +343,7 @@ def load_subjects(
     ``score`` (a score.json path or parsed dict) adds AUC/FRAG metrics to lm-eval input; under the
     key ``score`` it is also reachable by dotted ``--check`` paths. Raises :class:`GateError` on bad input.
     """
-    source = Path(path)
-    if not source.exists():
-        raise GateError(f"{source}: no such file or directory")
-    resolved = _resolve_input(source)
+    resolved = _resolve_input(Path(path))
     doc = _read_json(resolved)
     kind = _kind(doc)
     if kind is None:
@@ -561,8 +566,9 @@ def format_table(verdicts: Sequence[Verdict], *, allow_missing: bool = False) ->
 
 
 def write_junit(path: str | os.PathLike[str], verdicts: Sequence[Verdict], *, allow_missing: bool = False) -> Path:
-    """Write the verdicts as JUnit XML atomically: one testcase per criterion × subject, a
-    ``<failure>`` for FAIL (and MISSING unless ``allow_missing``, else ``<skipped>``)."""
+    """Write the verdicts as JUnit XML atomically: one testcase per criterion × subject (class
+    ``lacuna.gate.<subject, sanitized>``), a ``<failure>`` for FAIL (and MISSING unless
+    ``allow_missing``, else ``<skipped>``)."""
     from lacuna_metrics.manifest import write_text
 
     failures = sum(v.status == FAIL or (v.status == MISSING and not allow_missing) for v in verdicts)
@@ -575,8 +581,9 @@ def write_junit(path: str | os.PathLike[str], verdicts: Sequence[Verdict], *, al
             suite,
             "testcase",
             {
-                "classname": f"lacuna.gate.{v.subject}",
-                "name": f"{v.criterion.metric} {v.criterion.op} {_fmt(v.criterion.threshold)}",
+                # reporters split class names on dots: keep the subject (often a path) in one segment
+                "classname": "lacuna.gate." + (re.sub(r"[^\w-]+", "_", v.subject).strip("_") or "subject"),
+                "name": f"{v.subject}: {v.criterion.metric} {v.criterion.op} {_fmt(v.criterion.threshold)}",
                 "file": v.source,
             },
         )
@@ -700,9 +707,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _collect_subjects(args: argparse.Namespace) -> list[Subject]:
     paths = [Path(p) for p in args.results]
-    for p in paths:
-        if not p.exists():
-            raise GateError(f"{p}: no such file or directory")
     kinds = [_kind(_read_json(_resolve_input(p))) for p in paths]
     for p, k in zip(paths, kinds, strict=True):
         if k is None:

@@ -38,7 +38,7 @@ def evaluate(
     path = Path(model_dir)
     if not (path / "config.json").is_file():
         raise FileNotFoundError(f"{path}: not an HF checkpoint directory (no config.json)")
-    meta = dict(metadata or {})
+    meta = {"pretrained": str(path), **(metadata or {})}  # the memorization tasks tokenize with the model's tokenizer
     if data is not None:
         meta["lacuna_data"] = str(data)
     out = lm_eval.simple_evaluate(

@@ -197,6 +197,18 @@ def _reversibility(args: argparse.Namespace) -> int:
     return 0
 
 
+def _run(args: argparse.Namespace) -> int:
+    from lacuna_metrics.report import run_markdown
+    from lacuna_unlearn.run import load_run_config, run_benchmark
+
+    cfg = load_run_config(args.config, preset=args.preset, overrides=_parse_overrides(args.set))
+    out = Path(args.out or f"runs/{args.preset}")
+    results = run_benchmark(out, cfg)
+    print(run_markdown(results))
+    print(f"wrote {out / 'results.json'}, {out / 'report.md'} and {out / 'plots'}/")
+    return 0
+
+
 def _parse_overrides(items: Sequence[str]) -> dict[str, object]:
     """``key=value`` pairs; values parsed as JSON when possible (numbers, booleans, lists)."""
     import json
@@ -341,6 +353,27 @@ def build_parser() -> argparse.ArgumentParser:
     rev.add_argument("--diagnose", help="diagnose.json to attach as representation evidence")
     rev.add_argument("--out", help="write the result JSON here")
     rev.set_defaults(func=_reversibility)
+
+    run = sub.add_parser(
+        "run",
+        help="the whole benchmark: testbed, unlearning methods, lm-eval, scores, attacks, regimes, report",
+        description="Run (or resume from the stage cache) a declarative experiment; default: the mini preset.",
+    )
+    run.add_argument("--preset", default="mini", choices=["mini", "smoke"])
+    run.add_argument("--config", help="YAML run config overriding the preset (fields, methods, probes)")
+    run.add_argument("--set", action="append", default=[], help="dotted override, e.g. attack.attempts=50")
+    run.add_argument("--out", help="run directory (default: runs/PRESET); stages are cached in OUT/stages")
+    run.set_defaults(func=_run)
+
+    from lacuna_metrics import gate as gate_module  # argparse flags live with the gate logic
+
+    gate = sub.add_parser(
+        "gate",
+        help="CI gate: pass/fail criteria over results.json, lm-eval results or score.json (exit 1 on failure)",
+        description="Check thresholds (--max-leak, --min-auc, --check PATH<=X, ...); see docs/ci.md.",
+    )
+    gate_module.add_arguments(gate)
+    gate.set_defaults(func=gate_module.run)
     return parser
 
 
