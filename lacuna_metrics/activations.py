@@ -36,7 +36,9 @@ __all__ = [
     "activation_stats",
     "calibration_texts",
     "collect_input_norms",
+    "eval_mode",
     "linear_weight_names",
+    "model_device",
     "transposed_weight_names",
 ]
 
@@ -135,14 +137,16 @@ def _model_dtype(model: torch.nn.Module) -> torch.dtype | None:
     return None
 
 
-def _model_device(model: torch.nn.Module) -> torch.device:
+def model_device(model: torch.nn.Module) -> torch.device:
+    """The device of the model's first parameter (CPU for a parameterless module)."""
     for p in model.parameters():
         return p.device
     return torch.device("cpu")
 
 
 @contextlib.contextmanager
-def _eval_mode(model: torch.nn.Module) -> Iterator[None]:
+def eval_mode(model: torch.nn.Module) -> Iterator[None]:
+    """Evaluation mode inside the block, the previous train/eval mode restored after it."""
     was_training = model.training
     model.eval()
     try:
@@ -182,7 +186,7 @@ def collect_input_norms(
     conv1d = _conv1d_type()
     if dtype is not None and _model_dtype(model) != dtype:
         model.to(dtype)
-    device = _model_device(model)
+    device = model_device(model)
 
     totals: dict[str, torch.Tensor] = {}  # sum over sequences of per-sequence norms (float64)
     current: dict[str, torch.Tensor] = {}  # per-sequence sum of squares over tokens (float64)
@@ -205,7 +209,7 @@ def collect_input_norms(
 
     handles = [m.register_forward_pre_hook(make_hook(n), with_kwargs=True) for n, m in modules.items()]
     try:
-        with torch.no_grad(), _eval_mode(model):
+        with torch.no_grad(), eval_mode(model):
             for i, text in enumerate(tqdm(texts, desc="activation norms", disable=None, leave=False)):
                 enc = tokenizer(text, truncation=True, max_length=max_length, return_tensors="pt")
                 if enc["input_ids"].numel() == 0:

@@ -38,6 +38,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from lacuna_metrics.activations import eval_mode, model_device
 from lacuna_metrics.manifest import save_figure
 
 __all__ = [
@@ -86,22 +87,6 @@ def _check_texts(texts: Sequence[str], who: str) -> list[str]:
 def _check_positive(name: str, value: int, who: str) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ValueError(f"{who}: {name} must be an integer >= 1, got {value!r}")
-
-
-def _model_device(model: torch.nn.Module) -> torch.device:
-    for p in model.parameters():
-        return p.device
-    return torch.device("cpu")
-
-
-@contextlib.contextmanager
-def _eval_mode(model: torch.nn.Module) -> Iterator[None]:
-    was_training = model.training
-    model.eval()
-    try:
-        yield
-    finally:
-        model.train(was_training)
 
 
 @contextlib.contextmanager
@@ -166,9 +151,9 @@ def hidden_features(
         raise ValueError(f"{who}: unknown pooling {pooling!r}; expected one of {list(POOLINGS)}")
     _check_positive("max_length", max_length, who)
     _check_positive("batch_size", batch_size, who)
-    device = _model_device(model)
+    device = model_device(model)
     per_layer: list[list[Array]] = []
-    with torch.no_grad(), _eval_mode(model), _right_padding(tokenizer):
+    with torch.no_grad(), eval_mode(model), _right_padding(tokenizer):
         for start in range(0, len(texts), batch_size):
             chunk = texts[start : start + batch_size]
             input_ids, mask = _encode(tokenizer, chunk, max_length, pooling == "mean", device)
@@ -367,12 +352,12 @@ def _fisher(
     _check_positive("max_length", max_length, who)
     if labels not in FISHER_LABELS:
         raise ValueError(f"{who}: unknown labels mode {labels!r}; expected one of {list(FISHER_LABELS)}")
-    device = _model_device(model)
+    device = model_device(model)
     named = list(model.named_parameters())
     trainable = [(n, p) for n, p in named if p.requires_grad]
     acc = {n: torch.zeros(p.shape, dtype=torch.float32, device=p.device) for n, p in trainable}
     used = 0
-    with _eval_mode(model), _right_padding(tokenizer), torch.enable_grad():
+    with eval_mode(model), _right_padding(tokenizer), torch.enable_grad():
         for start in range(0, len(texts), batch_size):
             if used >= num_batches:
                 break
