@@ -36,6 +36,7 @@ __all__ = [
     "IGNORE_INDEX",
     "LN2",
     "combine",
+    "dpo_loss",
     "grad_ascent_loss",
     "jensun_forget_loss",
     "jensun_retain_loss",
@@ -44,6 +45,7 @@ __all__ = [
     "nll_loss",
     "npo_loss",
     "npo_loss_from_nll",
+    "random_label_loss",
     "retain_loss",
     "rmu_control_vector",
     "rmu_forget_loss",
@@ -53,6 +55,7 @@ __all__ = [
     "simnpo_loss_from_nll",
     "token_counts",
     "token_nll",
+    "undial_loss",
 ]
 
 
@@ -161,6 +164,56 @@ def simnpo_loss(logits: Tensor, labels: Tensor, beta: float = 4.5, delta: float 
     argument, so the loss decreases (towards 0) as unlearning proceeds; at ℓ_θ/|y| = δ it is (2/β)·log 2.
     """
     return simnpo_loss_from_nll(token_nll(logits, labels), token_counts(labels), beta, delta)
+
+
+def undial_loss(logits: Tensor, labels: Tensor, ref_logits: Tensor, beta: float = 10.0, masked: bool = True) -> Tensor:
+    """UNDIAL forget term: self-distillation to the frozen model's logits with the true next token pushed down.
+
+    Soft target q = softmax(z_ref − β·onehot(y_next)); loss = CE(z_θ, q) = −Σ_v q_v log p_θ(v), averaged over
+    the answer positions (``masked=True``, default) or, as OpenUnlearning's ``compute_undial_loss``, over every
+    shifted position of the batch (prompt and padding included; a −100 label then indexes vocabulary entry
+    V − 100 by negative indexing, reproduced here). Needs no reference beyond ``ref_logits``.
+    """
+    if logits.shape != ref_logits.shape:
+        raise ValueError(f"logits {tuple(logits.shape)} and ref_logits {tuple(ref_logits.shape)} differ")
+    s_logits, s_labels = shifted(logits, labels)
+    s_ref = ref_logits[:, :-1, :].detach().float()
+    vocab = s_ref.shape[-1]
+    index = torch.where(s_labels == IGNORE_INDEX, s_labels + vocab, s_labels) if not masked else s_labels.clamp(min=0)
+    target = s_ref - beta * F.one_hot(index, vocab).to(s_ref.dtype)
+    ce = -(F.softmax(target, dim=-1) * F.log_softmax(s_logits.float(), dim=-1)).sum(dim=-1)  # [B, T-1]
+    if not masked:
+        return ce.mean()
+    mask = s_labels != IGNORE_INDEX
+    return (ce * mask).sum() / mask.sum().clamp(min=1)
+
+
+def random_label_loss(logits: Tensor, labels: Tensor, generator: torch.Generator | None = None) -> Tensor:
+    """RLabel forget term: NLL towards uniformly random vocabulary tokens at the answer positions.
+
+    The LACUNA/OpenUnlearning sources do not define random-label unlearning for generative QA; this is the
+    token-level reading (fresh labels every call, drawn from ``generator`` on the CPU for reproducibility).
+    """
+    random = torch.randint(0, logits.shape[-1], labels.shape, generator=generator).to(labels.device)
+    return nll_loss(logits, torch.where(labels == IGNORE_INDEX, labels, random))
+
+
+def dpo_loss(
+    win_logp: Tensor,
+    win_ref_logp: Tensor,
+    lose_logp: Tensor,
+    lose_ref_logp: Tensor,
+    beta: float = 0.1,
+    openunlearning_scale: bool = False,
+) -> Tensor:
+    """DPO: −mean log σ(β·[(log π_θ − log π_ref)(win) − (log π_θ − log π_ref)(lose)]) over sequences.
+
+    Inputs are per-sequence log-probabilities (−ℓ, :func:`token_nll`). ``openunlearning_scale`` multiplies by
+    2/β as OpenUnlearning's ``DPO`` trainer does (spec openunlearning.md: a non-standard scale).
+    """
+    margin = (win_logp - win_ref_logp.detach()) - (lose_logp - lose_ref_logp.detach())
+    loss = -F.logsigmoid(beta * margin).mean()
+    return loss * (2.0 / beta) if openunlearning_scale else loss
 
 
 # --------------------------------------------------------------------------- retain losses (§6)

@@ -16,7 +16,7 @@ import torch
 
 from lacuna_tasks.prompts import probe_prompt
 
-__all__ = ["ForgetRetainDataset", "QADataset", "collate_forget_retain", "encode_qa", "split_rows"]
+__all__ = ["ForgetRetainDataset", "QADataset", "collate_forget_retain", "encode_qa", "replace_answers", "split_rows"]
 
 IGNORE_INDEX = -100
 
@@ -111,3 +111,30 @@ def collate_forget_retain(pad_id: int):  # noqa: ANN201 - returns a collate func
         return out
 
     return collate
+
+
+def replace_answers(batch: Mapping[str, torch.Tensor], answer_ids: Sequence[int]) -> dict[str, torch.Tensor]:
+    """The same prompts with every answer replaced by ``answer_ids`` (e.g. a refusal), labelled, right-padded.
+
+    A prompt is a row's tokens before its first labelled one (the layout :func:`encode_qa` produces); pad
+    positions get id 0 with attention 0 and label -100.
+    """
+    if not answer_ids:
+        raise ValueError("replace_answers: empty answer")
+    rows = []
+    for ids, labels in zip(batch["input_ids"], batch["labels"], strict=True):
+        labelled = (labels != IGNORE_INDEX).nonzero()
+        n_prompt = int(labelled[0]) if len(labelled) else int(batch["attention_mask"][len(rows)].sum())
+        rows.append((ids[:n_prompt].tolist(), n_prompt))
+    width = max(n + len(answer_ids) for _, n in rows)
+    out_ids = torch.zeros((len(rows), width), dtype=torch.long)
+    out_labels = torch.full((len(rows), width), IGNORE_INDEX, dtype=torch.long)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)
+    answer = torch.tensor(list(answer_ids), dtype=torch.long)
+    for r, (prompt, n) in enumerate(rows):
+        out_ids[r, :n] = torch.tensor(prompt, dtype=torch.long)
+        out_ids[r, n : n + len(answer)] = answer
+        out_labels[r, n : n + len(answer)] = answer
+        mask[r, : n + len(answer)] = 1
+    device = batch["input_ids"].device
+    return {"input_ids": out_ids.to(device), "attention_mask": mask.to(device), "labels": out_labels.to(device)}

@@ -12,10 +12,13 @@ from lacuna_unlearn.methods.base import Method
 from lacuna_unlearn.methods.finetune import Finetune
 from lacuna_unlearn.methods.grad_ascent import GradAscent
 from lacuna_unlearn.methods.grad_diff import GradDiff
+from lacuna_unlearn.methods.idk_dpo import IdkDPO
 from lacuna_unlearn.methods.jensun import JensUn
 from lacuna_unlearn.methods.npo import NPO
+from lacuna_unlearn.methods.rlabel import RLabel
 from lacuna_unlearn.methods.rmu import RMU
 from lacuna_unlearn.methods.simnpo import SimNPO
+from lacuna_unlearn.methods.undial import UNDIAL
 
 __all__ = ["METHODS", "Method", "make_method"]
 
@@ -26,6 +29,9 @@ METHODS: dict[str, type[Method]] = {
     "simnpo": SimNPO,
     "rmu": RMU,
     "jensun": JensUn,
+    "rlabel": RLabel,
+    "undial": UNDIAL,
+    "idk_dpo": IdkDPO,
     "finetune": Finetune,  # the relearning attack's objective, not an unlearning method
 }
 

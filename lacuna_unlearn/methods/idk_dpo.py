@@ -1,0 +1,55 @@
+"""IdkDPO: DPO with the refusal as the preferred answer and the true answer as the rejected one, against the
+frozen initial model, plus GradDiff's retain term (OpenUnlearning's IdkDPO: β 0.1, γ 1, α 1, retain NLL).
+
+Standard DPO scale by default; ``openunlearning_scale=true`` multiplies by 2/β as OpenUnlearning does. The
+refusal is tokenized by :meth:`IdkDPO.prepare` (called by the trainer) in the answer format `` text\\n``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from lacuna_unlearn.losses import dpo_loss, token_nll
+from lacuna_unlearn.methods.base import forward
+from lacuna_unlearn.methods.grad_diff import GradDiff
+from lacuna_unlearn.unlearn_data import replace_answers
+
+
+@dataclass
+class IdkDPO(GradDiff):
+    beta: float = 0.1
+    refusal: str = "I don't know."
+    openunlearning_scale: bool = False
+    refusal_ids: tuple[int, ...] = ()  # filled by prepare(tokenizer) unless given
+
+    @property
+    def needs_reference(self) -> bool:  # type: ignore[override]
+        return True
+
+    def prepare(self, tokenizer: Any) -> None:
+        """Tokenize `` refusal\\n`` the way :func:`lacuna_unlearn.unlearn_data.encode_qa` tokenizes answers."""
+        if not self.refusal_ids:
+            ids = tokenizer(f" {self.refusal}\n", add_special_tokens=False)["input_ids"]
+            if not ids:
+                raise ValueError(f"refusal {self.refusal!r} tokenizes to nothing")
+            self.refusal_ids = tuple(int(i) for i in ids)
+
+    def loss(self, model, inputs, ref_model):  # noqa: ANN001, ANN201 - see Method.loss
+        if not self.refusal_ids:
+            raise RuntimeError("IdkDPO needs refusal_ids: pass them or call method.prepare(tokenizer) first")
+        lose = inputs["forget"]
+        win = replace_answers(lose, self.refusal_ids)
+        with torch.no_grad():
+            win_ref = -token_nll(forward(ref_model, win), win["labels"])
+            lose_ref = -token_nll(forward(ref_model, lose), lose["labels"])
+        win_logp = -token_nll(forward(model, win), win["labels"])
+        lose_logp = -token_nll(forward(model, lose), lose["labels"])
+        forget = dpo_loss(win_logp, win_ref, lose_logp, lose_ref, self.beta, self.openunlearning_scale)
+        retain = self.retain_term(model, inputs, ref_model)
+        return self.gamma * forget + self.alpha * retain, {
+            "forget_loss": float(forget.detach()),
+            "retain_loss": float(retain.detach()),
+        }
