@@ -16,7 +16,6 @@ import gc
 import hashlib
 import json
 import os
-import tempfile
 import warnings
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -26,6 +25,7 @@ from typing import Any
 import torch
 
 from lacuna_metrics.checkpoints import Checkpoint
+from lacuna_metrics.manifest import save_tensors
 
 __all__ = [
     "ALL_PROJECTIONS",
@@ -349,25 +349,14 @@ def _load_cache(path: Path, fingerprint: str) -> ActivationStats | None:
 
 
 def _save_cache(path: Path, stats: ActivationStats) -> None:
-    from safetensors.torch import save_file
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tensors = {f"forget/{k}": v.contiguous() for k, v in stats.forget.items()}
-    tensors.update({f"retain/{k}": v.contiguous() for k, v in stats.retain.items()})
+    tensors = {f"forget/{k}": v for k, v in stats.forget.items()}
+    tensors.update({f"retain/{k}": v for k, v in stats.retain.items()})
     meta = {
         "format": str(FORMAT_VERSION),
         "fingerprint": stats.fingerprint,
         "conv1d_transposed": json.dumps(sorted(stats.conv1d_transposed)),
     }
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".safetensors", dir=path.parent)
-    os.close(fd)
-    try:
-        save_file(tensors, tmp, metadata=meta)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
+    save_tensors(path, tensors, meta)
 
 
 def _dtype_kwarg() -> str:

@@ -13,7 +13,7 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
-__all__ = ["hardware", "package_versions", "save_figure", "write_json", "write_text"]
+__all__ = ["hardware", "package_versions", "save_figure", "save_tensors", "write_json", "write_text"]
 
 #: Packages whose versions matter for a score or a testbed.
 DEFAULT_PACKAGES = ("lacuna-bench", "torch", "transformers", "safetensors", "numpy", "scikit-learn")
@@ -52,6 +52,25 @@ def write_text(path: str | os.PathLike[str], text: str) -> Path:
         with os.fdopen(fd, "w") as fh:
             fh.write(text)
         os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    return path
+
+
+def save_tensors(path: str | os.PathLike[str], tensors: dict[str, Any], metadata: dict[str, str] | None = None) -> Path:
+    """Write a safetensors file atomically (temp file in the same directory + ``os.replace``), mode 0644."""
+    from safetensors.torch import save_file
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    try:
+        save_file({k: v.detach().to("cpu").contiguous() for k, v in tensors.items()}, tmp, metadata=metadata)
+        os.chmod(tmp, 0o644)  # mkstemp creates 0600
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):

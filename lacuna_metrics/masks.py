@@ -15,13 +15,11 @@ forget mask), §1.10 (parameter universe).
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 import math
 import os
 import re
-import tempfile
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,7 +27,8 @@ from typing import Any, Literal
 
 import torch
 from safetensors import SafetensorError, safe_open
-from safetensors.torch import save_file
+
+from lacuna_metrics.manifest import save_tensors
 
 __all__ = [
     "DEFAULT_ELIGIBLE_PATTERN",
@@ -487,19 +486,7 @@ def save_masks(maskset: MaskSet, path: str | os.PathLike[str]) -> Path:
         _ORDER_KEY: json.dumps(list(maskset.packed)),
         **maskset.extra,
     }
-    tensors = {name: p.detach().to("cpu").contiguous() for name, p in maskset.packed.items()}
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    try:
-        save_file(tensors, tmp, metadata=metadata)
-        os.chmod(tmp, 0o644)  # mkstemp creates 0600
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
-    return path
+    return save_tensors(path, dict(maskset.packed), metadata)
 
 
 def load_masks(

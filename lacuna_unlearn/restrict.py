@@ -57,6 +57,7 @@ __all__ = [
     "apply_restriction",
     "check_optimizer",
     "param_groups",
+    "intersect",
     "parse_restriction",
     "restriction_stats",
     "verify_unchanged",
@@ -396,6 +397,31 @@ def check_optimizer(
 
 
 _INT_OF_SIZE = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def intersect(resolved: Mapping[str, torch.Tensor | None], located: Mapping[str, torch.Tensor | None]) -> Resolved:
+    """Scalars trainable under both restrictions (e.g. the user's ``restrict=`` and a method's own localisation).
+
+    A parameter stays only if both name it; masks are AND-ed (None = the whole parameter). A result that leaves
+    nothing trainable raises :class:`RestrictionError`.
+    """
+    out: Resolved = {}
+    for name, mask in resolved.items():
+        if name not in located:
+            continue
+        other = located[name]
+        if mask is None or other is None:
+            out[name] = other if mask is None else mask
+        else:
+            if tuple(mask.shape) != tuple(other.shape):
+                raise RestrictionError(
+                    f"localisation mask for {name!r} has shape {tuple(other.shape)}, expected {tuple(mask.shape)}"
+                )
+            out[name] = mask & other.to(mask.device)
+    out = {n: m for n, m in out.items() if m is None or bool(m.any())}
+    if not out:
+        raise RestrictionError("the method's localisation and the restriction leave nothing trainable")
+    return out
 
 
 def _bits(t: torch.Tensor) -> torch.Tensor:

@@ -17,7 +17,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-__all__ = ["main", "run"]
+__all__ = ["EDITORS", "main", "run"]
 
 
 def run(cfg: Any) -> Path:
@@ -47,8 +47,8 @@ def run(cfg: Any) -> Path:
     lora_cfg = OmegaConf.to_container(cfg.lora, resolve=True) if cfg.get("lora") else {}
     lora = LoraSettings(**{k: v for k, v in lora_cfg.items() if k != "enabled"}) if lora_cfg.get("enabled") else None
 
-    if cfg.method.name == "frp":
-        return _run_frp(cfg, model, forget_rows, retain_rows, method_args, lora)
+    if cfg.method.name in EDITORS:
+        return _run_editor(cfg, model, data, forget_rows, retain_rows, method_args, lora)
 
     restrict = cfg.restrict or cfg.method.get("restrict") or "none"
     needs_masks = restrict != "none" and not restrict.startswith("regex:")
@@ -103,33 +103,34 @@ def run(cfg: Any) -> Path:
     )
 
 
-def _run_frp(cfg: Any, model: Path | str, forget_rows: list, retain_rows: list, args: dict, lora: Any) -> Path:
-    """FRP is training-free: activation statistics of the forget/retain QA text, then pruning (spec §3.4)."""
-    from lacuna_metrics.score import default_cache_dir
-    from lacuna_tasks.prompts import qa_text
-    from lacuna_unlearn.methods.frp import FRPConfig, run_frp
+#: Training-free methods (closed-form edits, pruning): ``method.name`` -> "module:function". Each function takes
+#: ``(model, forget_rows, retain_rows, out, args, *, seed, data)`` and writes an HF checkpoint to ``out``.
+EDITORS = {
+    "frp": "lacuna_unlearn.methods.frp:run_from_config",
+    "alpha_edit": "lacuna_unlearn.methods.alpha_edit:run_from_config",
+    "selective_pruning": "lacuna_unlearn.methods.selective_pruning:run_from_config",
+}
 
+
+def _run_editor(
+    cfg: Any, model: Path | str, data: Any, forget_rows: list, retain_rows: list, args: dict, lora: Any
+) -> Path:
+    """A training-free method: no optimizer, so ``lora=`` and ``restrict=`` do not apply (refused, not ignored)."""
+    import importlib
+
+    name = cfg.method.name
     if lora is not None or (cfg.restrict or cfg.method.get("restrict") or "none") != "none":
-        raise ValueError("method=frp prunes weights directly: lora and restrict do not apply")
+        raise ValueError(f"method={name} edits weights directly (no training): lora and restrict do not apply")
     if cfg.get("attack"):
-        raise ValueError("attack=... fine-tunes with method=finetune; do not combine it with method=frp")
+        raise ValueError(f"attack=... fine-tunes with method=finetune; do not combine it with method={name}")
     out = Path(cfg.output_dir)
     if out.exists():
         if not cfg.force:
             raise FileExistsError(f"{out} exists; pass force=true to overwrite")
         shutil.rmtree(out)
-    try:
-        frp = FRPConfig(**{"seed": int(cfg.seed), **args})
-    except TypeError as exc:
-        raise ValueError(f"method 'frp': {exc}") from None
-    return run_frp(
-        model,
-        [qa_text(r["question"], r["answer"]) for r in forget_rows],
-        [qa_text(r["question"], r["answer"]) for r in retain_rows],
-        out,
-        frp,
-        cache_dir=default_cache_dir(),
-    )
+    module, function = EDITORS[name].split(":")
+    run_editor = getattr(importlib.import_module(module), function)
+    return run_editor(model, forget_rows, retain_rows, out, args, seed=int(cfg.seed), data=data)
 
 
 def main() -> None:

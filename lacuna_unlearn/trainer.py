@@ -95,7 +95,7 @@ def unlearn(
     """Unlearn ``forget_rows`` from the checkpoint at ``model_dir``; return the output directory."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from lacuna_unlearn.restrict import apply_restriction, param_groups, parse_restriction, restriction_stats
+    from lacuna_unlearn.restrict import apply_restriction, intersect, param_groups, parse_restriction, restriction_stats
     from lacuna_unlearn.restrict import verify_unchanged as check_unchanged
 
     train = train or TrainConfig()
@@ -118,9 +118,8 @@ def unlearn(
     restriction = parse_restriction(restrict)
     if lora is not None and restriction.kind != "none":
         raise ValueError(f"restrict={restrict!r} cannot be combined with LoRA: masks select base weights, not adapters")
+    collate = collate_forget_retain(pad_id)
     resolved = restriction.resolve(model, masks)
-    before = {n: p.detach().clone() for n, p in model.named_parameters()} if restriction.kind != "none" else None
-    handle = apply_restriction(model, resolved)
     ref_model = None
     if method.needs_reference:
         ref_model = copy.deepcopy(model).eval()
@@ -130,6 +129,13 @@ def unlearn(
         model = lora.wrap(model)
         if train.extra.get("gradient_checkpointing") or train.extra.get("activation_checkpointing"):
             model.enable_input_require_grads()  # adapters behind frozen embeddings still need grads to flow
+        resolved = {n: None for n, p in model.named_parameters() if p.requires_grad}  # the adapters
+    located = method.locate(model, forget, retain, collate)  # WAGLE / MemFlex: the method's own localisation
+    if located is not None:
+        resolved = intersect(resolved, located)
+    checked = restriction.kind != "none" or located is not None
+    before = {n: p.detach().clone() for n, p in model.named_parameters()} if checked else None
+    handle = apply_restriction(model, resolved)
     evaluation = QADataset(eval_rows, tokenizer, train.max_length, name="eval") if eval_rows else None
     holdout = (
         {
@@ -180,7 +186,7 @@ def unlearn(
         args=args,
         train_dataset=ForgetRetainDataset(forget, retain),
         eval_dataset=ForgetRetainDataset(evaluation, None) if evaluation is not None else None,
-        data_collator=collate_forget_retain(pad_id),
+        data_collator=collate,
         optimizers=(optimizer, None),
         method=method,
         ref_model=ref_model,
@@ -190,11 +196,12 @@ def unlearn(
     try:
         result = trainer.train()
         handle.remove()
-        if lora is not None:
-            model = lora.merge(trainer.model)
-        moved = check_unchanged(before, model, resolved) if before is not None else []
+        moved = check_unchanged(before, trainer.model, resolved) if before is not None else []
         if moved:
             raise RuntimeError(f"restriction {restrict!r} violated: out-of-mask scalars changed in {moved[:5]}")
+        stats = restriction_stats(trainer.model, resolved)
+        if lora is not None:
+            model = lora.merge(trainer.model)
         if trainer.is_world_process_zero():
             partial.mkdir(parents=True, exist_ok=True)
             shutil.rmtree(partial / "trainer", ignore_errors=True)
@@ -213,7 +220,10 @@ def unlearn(
                     "eval": {"rows": len(evaluation), "steps": eval_steps, "best": trainer.state.best_metric}
                     if evaluation is not None
                     else None,
-                    "restriction": restriction_stats(model, resolved),
+                    "restriction": stats,
+                    "located": None
+                    if located is None
+                    else {"parameters": len(located), **(getattr(method, "location", None) or {})},
                     "out_of_mask_unchanged": before is not None,
                     "model": str(model_dir),
                     "data": {

@@ -13,7 +13,6 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from lacuna_metrics import masks as M
 from lacuna_metrics.masks import (
     DEFAULT_ELIGIBLE_PATTERN,
     LACUNA_RELEASE_PATTERN,
@@ -518,7 +517,7 @@ def test_failed_save_leaves_old_file_and_no_temp(tmp_path, monkeypatch):
     def boom(*args, **kwargs):
         raise RuntimeError("disk full")
 
-    monkeypatch.setattr(M, "save_file", boom)
+    monkeypatch.setattr("safetensors.torch.save_file", boom)  # the atomic writer lacuna_metrics.manifest.save_tensors
     with pytest.raises(RuntimeError, match="disk full"):
         save_masks(MaskSet(packed={"w": torch.zeros(3, dtype=torch.int32)}, num_groups=2), path)
     assert os.listdir(tmp_path) == ["m.safetensors"]

@@ -474,3 +474,18 @@ def test_verify_unchanged_is_bitwise():
         model.get_parameter("model.norm.weight")[0] = -0.0
     before["model.norm.weight"][0] = 0.0
     assert verify_unchanged(before, model, resolved) == ["model.norm.weight"]
+
+
+def test_intersect_ands_masks_and_drops_what_either_side_leaves_out() -> None:
+    from lacuna_unlearn.restrict import intersect
+
+    a = torch.tensor([True, True, False])
+    b = torch.tensor([True, False, True])
+    out = intersect({"w": a, "v": None, "u": None, "x": a}, {"w": b, "v": b, "u": None})
+    assert set(out) == {"w", "v", "u"}  # x: not located
+    assert out["w"].tolist() == [True, False, False] and out["v"].tolist() == b.tolist() and out["u"] is None
+    assert set(intersect({"w": a, "z": torch.tensor([False, True, False])}, {"w": ~a, "z": None})) == {"z"}
+    with pytest.raises(RestrictionError, match="nothing trainable"):
+        intersect({"w": a}, {"w": ~a})
+    with pytest.raises(RestrictionError, match="'w'"):
+        intersect({"w": a}, {"w": torch.ones(2, dtype=torch.bool)})

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -30,3 +31,17 @@ class Method:
     ) -> tuple[torch.Tensor, dict[str, float]]:
         """The loss to minimise and scalars worth logging."""
         raise NotImplementedError
+
+    def locate(
+        self,
+        model: torch.nn.Module,
+        forget: torch.utils.data.Dataset,
+        retain: torch.utils.data.Dataset | None,
+        collate: Callable[[list[Any]], dict[str, Any]],
+    ) -> dict[str, torch.Tensor | None] | None:
+        """Localisation-first methods (WAGLE, MemFlex): the parameters to train, name -> bool keep mask of the
+        parameter's shape (None = the whole parameter). Called once before training, on the model the
+        optimizer will see (the peft model when LoRA is on); the trainer intersects the result with
+        ``restrict=``, freezes the rest and verifies afterwards that nothing outside moved.
+        ``None`` (the default) = no localisation."""
+        return None

@@ -35,7 +35,7 @@ import torch
 
 from lacuna_metrics.activations import TARGETS, activation_stats, linear_weight_names, transposed_weight_names
 
-__all__ = ["EPS", "FRPConfig", "apply_frp", "frp_prune_mask", "frp_scores", "run_frp"]
+__all__ = ["EPS", "FRPConfig", "apply_frp", "frp_prune_mask", "frp_scores", "run_frp", "run_from_config"]
 
 #: The 1e-6 of r_j = x^f_j / (x^r_j + 1e-6) and of the veto score P (spec §3.4).
 EPS = 1e-6
@@ -314,3 +314,31 @@ def run_frp(
         shutil.rmtree(partial, ignore_errors=True)
         raise
     return out
+
+
+def run_from_config(
+    model: str | os.PathLike[str],
+    forget_rows: Sequence[Mapping[str, Any]],
+    retain_rows: Sequence[Mapping[str, Any]],
+    out: str | os.PathLike[str],
+    args: Mapping[str, Any],
+    *,
+    seed: int = 42,
+    data: Any = None,
+) -> Path:
+    """``lacuna-unlearn method=frp``: the forget/retain QA text is the calibration text (``method.args`` = FRPConfig)."""
+    from lacuna_metrics.score import default_cache_dir
+    from lacuna_tasks.prompts import qa_text
+
+    try:
+        config = FRPConfig(**{"seed": seed, **args})
+    except TypeError as exc:
+        raise ValueError(f"method 'frp': {exc}") from None
+    return run_frp(
+        model,
+        [qa_text(r["question"], r["answer"]) for r in forget_rows],
+        [qa_text(r["question"], r["answer"]) for r in retain_rows],
+        out,
+        config,
+        cache_dir=default_cache_dir(),
+    )
