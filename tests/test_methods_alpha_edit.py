@@ -1,0 +1,231 @@
+"""AlphaEdit: the closed form against hand-built references, preserved keys on a real 2-layer model, the job
+(checkpoint, manifest, cache) and the Hydra entry point with its errors."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from lacuna_unlearn.methods.alpha_edit import (
+    AlphaEditConfig,
+    EditRequest,
+    alpha_edit_update,
+    apply_alpha_edit,
+    edit_requests,
+    key_second_moments,
+    null_space_projector,
+    run_alpha_edit,
+    subject_last_token,
+)
+
+
+def _low_rank_keys(d: int, rank: int, n: int, seed: int = 0) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(d, rank, generator=g, dtype=torch.float64) @ torch.randn(
+        rank, n, generator=g, dtype=torch.float64
+    )
+
+
+def test_projector_spans_exactly_the_null_space_of_the_preserved_keys() -> None:
+    k0 = _low_rank_keys(8, 3, 50)
+    p = null_space_projector(k0 @ k0.T / 50, 1e-3)
+    assert torch.allclose(p, p.T, atol=1e-12) and torch.allclose(p @ p, p, atol=1e-10)
+    assert round(float(torch.trace(p))) == 5  # d - rank
+    assert float((p @ k0).abs().max()) < 1e-10
+    assert torch.allclose(null_space_projector(torch.zeros(4, 4), 1e-3), torch.eye(4, dtype=torch.float64))
+    assert float(null_space_projector(torch.eye(4), 1e-3).abs().max()) == 0.0  # nothing below the threshold
+
+
+def test_projector_rejects_bad_moments() -> None:
+    with pytest.raises(ValueError, match="square"):
+        null_space_projector(torch.zeros(3, 4), 1e-3)
+    with pytest.raises(ValueError, match="NaN"):
+        null_space_projector(torch.full((2, 2), float("nan")), 1e-3)
+
+
+def test_update_leaves_preserved_keys_unchanged_and_matches_the_normal_equations() -> None:
+    d_in, d_out = 8, 5
+    k0 = _low_rank_keys(d_in, 3, 40, seed=1)
+    g = torch.Generator().manual_seed(2)
+    k1 = torch.randn(d_in, 2, generator=g, dtype=torch.float64)
+    r = torch.randn(d_out, 2, generator=g, dtype=torch.float64)
+    cp = _low_rank_keys(d_in, 1, 3, seed=3)
+    cp = cp @ cp.T
+    p = null_space_projector(k0 @ k0.T / 40, 1e-3)
+    delta = alpha_edit_update(k1, r, p, cp, l2=0.5)
+    assert delta.shape == (d_out, d_in)
+    assert float((delta @ k0).abs().max()) < 1e-10  # preserved keys: outputs unchanged
+    # Δᵀ solves (P (K1 K1ᵀ + Cp) + l2 I) X = P K1 Rᵀ (AlphaEdit's code)
+    lhs = (p @ (k1 @ k1.T + cp) + 0.5 * torch.eye(d_in, dtype=torch.float64)) @ delta.T
+    assert torch.allclose(lhs, p @ k1 @ r.T, atol=1e-10)
+
+
+def test_update_without_preserved_keys_is_ridge_regression_onto_the_residuals() -> None:
+    g = torch.Generator().manual_seed(4)
+    k1 = torch.randn(6, 3, generator=g, dtype=torch.float64)
+    r = torch.randn(4, 3, generator=g, dtype=torch.float64)
+    eye = torch.eye(6, dtype=torch.float64)
+    delta = alpha_edit_update(k1, r, eye, None, l2=1e-9)
+    assert torch.allclose(delta @ k1, r, atol=1e-6)  # the new keys map to W k + r
+    reference = r @ k1.T @ torch.linalg.inv(k1 @ k1.T + 0.3 * eye)  # brute-force ridge
+    assert torch.allclose(alpha_edit_update(k1, r, eye, None, l2=0.3), reference, atol=1e-10)
+    with pytest.raises(ValueError, match="equal n"):
+        alpha_edit_update(k1, r[:, :2], eye)
+
+
+def test_subject_last_token_uses_offsets(tiny_lacuna) -> None:
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny_lacuna.model_dir)
+    text = "Q: Ann Lee, who lives in Paris. What is her Email Address?\nA:"
+    idx = subject_last_token(tok, text, "Ann Lee")
+    ids = tok(text, add_special_tokens=False)["input_ids"]
+    assert tok.decode(ids[: idx + 1]).endswith("Lee")
+    with pytest.raises(ValueError, match="does not occur"):
+        subject_last_token(tok, text, "Bob Smith")
+
+
+def _tiny(tiny_lacuna):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny_lacuna.model_dir)
+    model = AutoModelForCausalLM.from_pretrained(tiny_lacuna.model_dir).eval()
+    return model, tok
+
+
+def _target_nll(model, tok, request: EditRequest) -> float:
+    prompt = tok(request.prompt, add_special_tokens=False)["input_ids"]
+    target = tok(f" {request.target}\n", add_special_tokens=False)["input_ids"]
+    ids = torch.tensor([prompt + target])
+    with torch.no_grad():
+        logits = model(input_ids=ids).logits[0, len(prompt) - 1 : -1]
+    return float(torch.nn.functional.cross_entropy(logits, ids[0, len(prompt) :]))
+
+
+def test_edit_on_a_two_layer_model_keeps_preserved_outputs_and_installs_the_target(tiny_lacuna, tiny_email_rows):
+    """The issue's toy: a real 2-layer Llama (intermediate size 128). The preserved text has fewer tokens than
+    keys have dimensions, so its keys span a proper subspace; the edit must not change the down-projection's
+    output on any of them (to 1e-5), while the refusal becomes more likely."""
+    from lacuna_tasks.prompts import qa_text
+
+    model, tok = _tiny(tiny_lacuna)
+    forget, retain = tiny_email_rows
+    preserved = [qa_text(r["question"], r["answer"]) for r in retain[:1]]
+    # threshold far below every non-zero eigenvalue: P is exactly the complement of the preserved keys' span
+    # (the default 1e-3 also counts low-variance preserved directions as free, by design). The tiny model's
+    # residual norm is ~0.01, so MEMIT's decay ||δ||/||h||² and clamp 0.5·||h|| would pin δ at zero: off here.
+    # With two layers, a value at the subject token of the last layer reaches no later position: read keys and
+    # values at the prompt's last token.
+    cfg = AlphaEditConfig(
+        layers=[0, 1],
+        fact_token="last",
+        v_num_grad_steps=25,
+        kl_factor=0.0625,
+        batch_size=1,
+        nullspace_threshold=1e-9,
+        clamp_norm_factor=1e4,
+        v_weight_decay=0.0,
+    )
+    moments = key_second_moments(model, tok, preserved, cfg)
+    keys = {}
+    for layer in cfg.layers:  # the preserved keys themselves, recorded before the edit
+        seen = []
+        h = model.model.layers[layer].mlp.down_proj.register_forward_pre_hook(
+            lambda _m, a, seen=seen: seen.append(a[0][0])
+        )
+        with torch.no_grad():
+            model(input_ids=torch.tensor([tok(preserved[0], add_special_tokens=False)["input_ids"]]))
+        h.remove()
+        keys[layer] = seen[0].T.double()  # d_in x tokens
+        assert keys[layer].shape[1] < keys[layer].shape[0]
+    weights = {layer: model.model.layers[layer].mlp.down_proj.weight.detach().clone() for layer in cfg.layers}
+    requests = edit_requests(forget, cfg.target)
+    before = [_target_nll(model, tok, r) for r in requests]
+    stats = apply_alpha_edit(model, tok, requests, cfg, moments)
+    after = [_target_nll(model, tok, r) for r in requests]
+    for layer in cfg.layers:
+        delta = (model.model.layers[layer].mlp.down_proj.weight.detach() - weights[layer]).double()
+        assert float(delta.norm()) > 1e-3  # the layer was edited ...
+        scale = float((weights[layer].double() @ keys[layer]).abs().max())
+        assert float((delta @ keys[layer]).abs().max()) <= 1e-5 * max(scale, 1.0)  # ... not on preserved keys
+        assert stats["layers"][str(layer)]["null_space_dim"] > 0
+    # the refusal's tokens are foreign to this model: its NLL falls (by > 0.5 nats per token), it does not vanish
+    assert all(a < b - 0.5 for a, b in zip(after, before, strict=True)), (before, after)
+    assert all(r > 0.1 for r in stats["reached"])
+
+
+def test_run_writes_checkpoint_manifest_and_reuses_the_cached_moments(tiny_lacuna, tiny_email_rows, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    forget, retain = tiny_email_rows
+    cfg = AlphaEditConfig(layers=[0], v_num_grad_steps=5, nullspace_threshold=1e-2)
+    texts = [f"{r['question']} {r['answer']}" for r in retain]
+    cache = tmp_path / "cache"
+    out = run_alpha_edit(
+        tiny_lacuna.model_dir, edit_requests(forget, cfg.target), texts, tmp_path / "a", cfg, cache_dir=cache
+    )
+    manifest = json.loads((out / "unlearn_manifest.json").read_text())
+    assert manifest["method"] == "alpha_edit" and manifest["requests"] == len(forget)
+    assert manifest["second_moments_cached"] is False and manifest["method_args"]["layers"] == [0]
+    assert not (tmp_path / "a.partial").exists() and len(list(cache.iterdir())) == 1
+    AutoModelForCausalLM.from_pretrained(out)  # a plain HF checkpoint
+    again = run_alpha_edit(
+        tiny_lacuna.model_dir, edit_requests(forget, cfg.target), texts, tmp_path / "b", cfg, cache_dir=cache
+    )
+    assert json.loads((again / "unlearn_manifest.json").read_text())["second_moments_cached"] is True
+
+
+def test_errors_name_the_field_the_module_and_the_threshold(tiny_lacuna, tiny_email_rows, tmp_path) -> None:
+    forget, retain = tiny_email_rows
+    with pytest.raises(ValueError, match="AlphaEditConfig.layers"):
+        AlphaEditConfig(layers=[]).validate()
+    with pytest.raises(ValueError, match="AlphaEditConfig.cov_text"):
+        AlphaEditConfig(cov_text=["wikipedia"]).validate()
+    with pytest.raises(ValueError, match="model.layers.7.mlp.down_proj"):
+        run_alpha_edit(
+            tiny_lacuna.model_dir, edit_requests(forget, "x"), ["a b"], tmp_path / "o", AlphaEditConfig(layers=[7])
+        )
+    model, tok = _tiny(tiny_lacuna)
+    cfg = AlphaEditConfig(layers=[0], nullspace_threshold=0.0)
+    moments = {0: torch.eye(128, dtype=torch.float64)}
+    with pytest.raises(ValueError, match="nullspace_threshold"):
+        apply_alpha_edit(model, tok, edit_requests(forget, cfg.target), cfg, moments)
+    assert not (tmp_path / "o").exists() and not (tmp_path / "o.partial").exists()
+
+
+def _cli(*args: str):
+    return subprocess.run(
+        [sys.executable, "-m", "lacuna_unlearn.train", *args], capture_output=True, text=True, timeout=600
+    )
+
+
+def test_hydra_method_alpha_edit_on_the_smoke_testbed(smoke_testbed, forget_nll, tmp_path) -> None:
+    from lacuna_tasks.loader import load_data
+    from lacuna_unlearn.unlearn_data import split_rows
+
+    out = tmp_path / "ae"
+    done = _cli(
+        "method=alpha_edit", f"testbed={smoke_testbed}", "field=email", f"output_dir={out}",
+        "method.args.layers=[0]", "method.args.v_num_grad_steps=20",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    manifest = json.loads((out / "unlearn_manifest.json").read_text())
+    assert manifest["preserved_sources"]["retain"] > 0 and manifest["preserved_sources"]["neutral"] > 0
+    forget = split_rows(load_data(smoke_testbed), "forget", "email")
+    assert forget_nll(out, forget) > forget_nll(smoke_testbed / "model", forget)
+    refused = _cli(
+        "method=alpha_edit", f"testbed={smoke_testbed}", f"output_dir={tmp_path / 'r'}", "restrict=forget_mask"
+    )
+    assert refused.returncode == 2 and "restrict do not apply" in refused.stderr
+    bad = _cli(
+        "method=alpha_edit",
+        f"testbed={smoke_testbed}",
+        f"output_dir={tmp_path / 'b'}",
+        "method.args.layers=[0]",
+        "+method.args.nope=1",
+    )
+    assert bad.returncode == 2 and "nope" in bad.stderr
