@@ -1,0 +1,317 @@
+"""Selective Pruning (SP) -- training-free, neuron level (Pochinkov & Schoots 2024, "Dissecting language models:
+machine unlearning via selective pruning"; the baseline of FRAG's Table 1, spec ``papers.md`` §3.3).
+
+For every MLP hidden neuron j (an input channel of the down projection) of every block:
+
+1. importance on forget text I^f_j and on retain text I^r_j, measured on the ORIGINAL model;
+2. score s_j = I^f_j / (I^r_j + eps);
+3. the top ``frac`` of neurons by s are removed: the down projection's column j is zeroed and, in the default
+   ``mode="neuron"``, also row j of ``gate_proj`` / ``up_proj`` (and their bias entries, if any).
+
+Sources, read for understanding: ``nickypro/taker`` (``scoring.py`` ``score_indices_by_abs``: cripple / (focus +
+eps) on the mean |activation| of the MLP's pre-output, i.e. the down projection's input; ``activations.py``
+``get_top_frac``: one top-k over the (layers x neurons) score tensor, ``ff_frac`` 0.1, ``ff_eps`` 1e-3) and FRAG's
+re-implementation used for its Table 1 (``Yi1-Chen/FRAG`` ``baselines/selective_pruning.py --scoring
+activation_ratio --mlp_frac 0.05``: forget / (retain + 1e-5) of the mean |up_proj output|, a global top-k, and
+gate rows, up rows and down columns set to zero).
+
+Choices (INFERRED / deviations; every one is a configurable default):
+
+* Statistic: OUR x_j of the down projection's input from :mod:`lacuna_metrics.activations` -- per calibration
+  sequence the L2 norm of neuron j's activation over its tokens, averaged over sequences -- instead of the mean
+  |activation| over tokens. It is the same tensor taker scores (the neuron's output, act(gate) * up), measured
+  with FRAG/FRP's hooks and cache, so SP, FRP and FRAG share one cached pass (same texts, ``max_length``, bf16).
+  DEVIATION: an L2 instead of an L1 aggregate over tokens; a common per-side factor (e.g. sequence length)
+  scales every neuron alike and does not change the ranking. FRAG's up_proj output is not used.
+* ``eps = 1e-5`` (FRAG's baseline, whose numbers the spec reports; taker's default is 1e-3).
+* ``frac = 0.05`` (FRAG's ``--mlp_frac`` default and Table 1 setting; taker's default is 0.1).
+* ``scope = "global"``: one top-k over all blocks' neurons (taker and FRAG); ``per_layer``: ``int(frac * d_mlp)``
+  in each block.
+* Ties: exactly ``k`` neurons are pruned, equal scores go to the earlier (block, neuron) first; FRAG's
+  ``>= threshold`` would prune every tied neuron, taker's ``topk`` breaks ties arbitrarily.
+* ``mode = "neuron"`` (FRAG's baseline: gate/up rows and down column zeroed -- a dead neuron that gradient
+  fine-tuning cannot revive, since every gradient through it is zero); ``mode = "down"`` zeroes only the down
+  column (taker's output mask; the neuron's contribution is equally gone, but relearnable).
+* Architectures: MLPs with a ``down_proj`` ``nn.Linear`` (Llama, OLMo, Mistral, Qwen, ...); the sibling
+  ``gate_proj`` / ``up_proj`` of the same MLP are zeroed when present. Others raise a ValueError.
+* ``restrict=`` and LoRA do not apply (no training; ``lacuna_unlearn.train._run_editor`` refuses them).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import shutil
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from lacuna_metrics.activations import activation_stats, linear_weight_names, transposed_weight_names
+from lacuna_unlearn.methods.frp import _CALIB_DTYPE, _is_real, _load_kwargs
+from lacuna_unlearn.methods.wagle import top_fraction_masks
+
+__all__ = [
+    "EPS",
+    "MODES",
+    "SCOPES",
+    "SPConfig",
+    "apply_selective_pruning",
+    "mlp_neurons",
+    "run_from_config",
+    "run_selective_pruning",
+    "sp_prune_masks",
+    "sp_scores",
+]
+
+#: FRAG's baseline eps in s_j = I^f_j / (I^r_j + eps).
+EPS = 1e-5
+SCOPES: tuple[str, ...] = ("global", "per_layer")
+MODES: tuple[str, ...] = ("neuron", "down")
+
+
+@dataclass
+class SPConfig:
+    """Selective Pruning hyper-parameters (defaults: FRAG's Table 1 baseline, see the module docstring)."""
+
+    frac: float = 0.05  #: fraction of MLP neurons pruned (global: of all blocks' neurons)
+    eps: float = EPS  #: s_j = I^f_j / (I^r_j + eps)
+    scope: str = "global"  #: "global" | "per_layer"
+    mode: str = "neuron"  #: "neuron" (gate/up rows + down column) | "down" (down column only)
+    calib_samples: int = 400  #: calibration sequences per side (the first n of the texts passed), as FRP
+    max_length: int = 256  #: tokens per calibration sequence
+    seed: int = 42
+
+    def validate(self) -> SPConfig:
+        """Raise ValueError naming the offending field; return self."""
+        if not _is_real(self.frac) or not 0.0 <= self.frac < 1.0:
+            raise ValueError(f"SPConfig.frac must be in [0, 1), got {self.frac!r}")
+        if not _is_real(self.eps) or not math.isfinite(self.eps) or self.eps <= 0:
+            raise ValueError(f"SPConfig.eps must be a finite number > 0, got {self.eps!r}")
+        if self.scope not in SCOPES:
+            raise ValueError(f"SPConfig.scope: unknown scope {self.scope!r}; expected one of {list(SCOPES)}")
+        if self.mode not in MODES:
+            raise ValueError(f"SPConfig.mode: unknown mode {self.mode!r}; expected one of {list(MODES)}")
+        for name in ("calib_samples", "max_length"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"SPConfig.{name} must be an integer >= 1, got {value!r}")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int):
+            raise ValueError(f"SPConfig.seed must be an integer, got {self.seed!r}")
+        return self
+
+
+# -- scoring ---------------------------------------------------------------------------------------------------
+
+
+def _vector(x: torch.Tensor, field: str, d: int | None = None) -> torch.Tensor:
+    x = torch.as_tensor(x)
+    if x.dim() != 1 or (d is not None and x.numel() != d):
+        want = f"length {d}" if d is not None else "1-D"
+        raise ValueError(f"{field}: expected a {want} vector of neuron statistics, got shape {tuple(x.shape)}")
+    x = x.detach().to(device="cpu", dtype=torch.float64)
+    if not bool(torch.isfinite(x).all()) or bool((x < 0).any()):
+        raise ValueError(f"{field}: neuron statistics must be finite and >= 0")
+    return x
+
+
+def sp_scores(x_forget: torch.Tensor, x_retain: torch.Tensor, eps: float = EPS) -> torch.Tensor:
+    """s_j = I^f_j / (I^r_j + eps) per neuron (float64): high = active on forget text, quiet on retain text."""
+    if not _is_real(eps) or not math.isfinite(eps) or eps <= 0:
+        raise ValueError(f"eps must be a finite number > 0, got {eps!r}")
+    xf = _vector(x_forget, "x_forget")
+    xr = _vector(x_retain, "x_retain", xf.numel())
+    return xf / (xr + eps)
+
+
+def sp_prune_masks(
+    x_forget: Mapping[str, torch.Tensor], x_retain: Mapping[str, torch.Tensor], cfg: SPConfig
+) -> dict[str, torch.Tensor]:
+    """Bool vector per down-projection weight name (True = prune that neuron), in ``x_forget``'s order.
+
+    ``global``: exactly ``int(frac * total neurons)`` over all layers; ``per_layer``: ``int(frac * d_mlp)`` each.
+    Ties go to the earlier (layer, neuron). ``x_retain`` must have the same keys and lengths.
+    """
+    cfg.validate()
+    scores = {}
+    for name, xf in x_forget.items():
+        if name not in x_retain:
+            raise ValueError(f"x_retain: no neuron statistics for {name!r}")
+        scores[name] = sp_scores(xf, x_retain[name], cfg.eps)
+    return top_fraction_masks(scores, cfg.frac, "global" if cfg.scope == "global" else "per_tensor")
+
+
+# -- models ----------------------------------------------------------------------------------------------------
+
+
+def mlp_neurons(model: torch.nn.Module) -> dict[str, dict[str, Any]]:
+    """Every MLP whose neurons SP can prune, keyed by its down projection's weight name, in model order:
+    ``{"down": down_proj, "inputs": {name: gate_proj / up_proj of the same MLP, if present}, "d_mlp": n}``."""
+    names = linear_weight_names(model, "mlp")
+    transposed = transposed_weight_names(model, "mlp")
+    modules = dict(model.named_modules())
+    out: dict[str, dict[str, Any]] = {}
+    for module_name, weight_name in names.items():
+        parent, leaf = module_name.rsplit(".", 1) if "." in module_name else ("", module_name)
+        if leaf != "down_proj":
+            continue
+        if weight_name in transposed:
+            raise ValueError(f"{weight_name!r} is a transposed Conv1D weight; Selective Pruning needs nn.Linear")
+        down = modules[module_name]
+        d_mlp = int(down.weight.shape[1])
+        inputs = {}
+        for sibling in ("gate_proj", "up_proj"):
+            sibling_name = f"{parent}.{sibling}" if parent else sibling
+            mod = modules.get(sibling_name)
+            if isinstance(mod, torch.nn.Linear):
+                if int(mod.weight.shape[0]) != d_mlp:
+                    raise ValueError(f"{sibling_name} has {mod.weight.shape[0]} outputs, down_proj {d_mlp} inputs")
+                inputs[sibling_name] = mod
+        out[weight_name] = {"down": down, "inputs": inputs, "d_mlp": d_mlp}
+    if not out:
+        raise ValueError(f"Selective Pruning found no MLP down_proj in {type(model).__name__}")
+    return out
+
+
+def apply_selective_pruning(
+    model: torch.nn.Module,
+    x_forget: Mapping[str, torch.Tensor],
+    x_retain: Mapping[str, torch.Tensor],
+    cfg: SPConfig,
+) -> dict[str, Any]:
+    """Prune ``model`` in place. ``x_forget`` / ``x_retain`` map weight names to input statistics (as
+    :func:`lacuna_metrics.activations.collect_input_norms` returns them); only the down projections' entries are
+    used. Returns ``{"pruned": {down weight: count}, "pruned_total", "neurons_total", "neurons": {down weight:
+    [indices]}, "zeroed": [tensor names]}``."""
+    cfg.validate()
+    mlps = mlp_neurons(model)
+    for name, info in mlps.items():
+        for field, xs in (("x_forget", x_forget), ("x_retain", x_retain)):
+            if name not in xs:
+                raise ValueError(f"{field}: no activation statistics for {name!r}")
+            _vector(xs[name], f"{field}[{name!r}]", info["d_mlp"])
+    masks = sp_prune_masks({n: x_forget[n] for n in mlps}, {n: x_retain[n] for n in mlps}, cfg)
+    zeroed: list[str] = []
+    with torch.no_grad():
+        for name, info in mlps.items():
+            mask = masks[name].to(info["down"].weight.device)
+            info["down"].weight.masked_fill_(mask.unsqueeze(0), 0.0)
+            zeroed.append(name)
+            if cfg.mode == "neuron":
+                for module_name, module in info["inputs"].items():
+                    module.weight.masked_fill_(mask.to(module.weight.device).unsqueeze(1), 0.0)
+                    zeroed.append(f"{module_name}.weight")
+                    if module.bias is not None:
+                        module.bias.masked_fill_(mask.to(module.bias.device), 0.0)
+                        zeroed.append(f"{module_name}.bias")
+    pruned = {n: int(m.sum()) for n, m in masks.items()}
+    return {
+        "pruned": pruned,
+        "pruned_total": sum(pruned.values()),
+        "neurons_total": sum(info["d_mlp"] for info in mlps.values()),
+        "neurons": {n: m.nonzero().squeeze(1).tolist() for n, m in masks.items()},
+        "zeroed": zeroed,
+    }
+
+
+def run_selective_pruning(
+    model_dir: str | os.PathLike[str],
+    forget_texts: Sequence[str],
+    retain_texts: Sequence[str],
+    out_dir: str | os.PathLike[str],
+    cfg: SPConfig | None = None,
+    cache_dir: str | os.PathLike[str] | None = None,
+) -> Path:
+    """SP end to end: statistics of the original model on the first ``cfg.calib_samples`` texts per side (bf16,
+    cached with FRP/FRAG's fingerprint in ``cache_dir``), prune, save model + tokenizer + ``unlearn_manifest.json``
+    to ``out_dir`` (built in ``<out_dir>.partial``, renamed at the end; an existing ``out_dir`` is an error)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from lacuna_metrics.manifest import hardware, package_versions, write_json
+
+    cfg = (cfg or SPConfig()).validate()
+    started = time.perf_counter()
+    model_path, out = Path(model_dir), Path(out_dir)
+    if not model_path.is_dir():
+        raise FileNotFoundError(f"model directory not found: {model_path}")
+    if out.exists():
+        raise FileExistsError(f"{out} exists; remove it or choose another out_dir")
+    forget = list(forget_texts)[: cfg.calib_samples]
+    retain = list(retain_texts)[: cfg.calib_samples]
+    torch.manual_seed(cfg.seed)  # SP is deterministic; seeded anyway for the record
+
+    stats = activation_stats(
+        model_path, forget, retain, cache_dir=cache_dir, target="mlp", max_length=cfg.max_length, dtype=_CALIB_DTYPE
+    )
+    model = AutoModelForCausalLM.from_pretrained(model_path, **_load_kwargs())
+    tokenizer = AutoTokenizer.from_pretrained(model_path, local_files_only=True, trust_remote_code=False)
+    result = apply_selective_pruning(model, stats.forget, stats.retain, cfg)
+
+    partial = out.with_name(out.name + ".partial")
+    if partial.exists():
+        shutil.rmtree(partial)
+    partial.mkdir(parents=True)
+    try:
+        model.save_pretrained(partial)
+        tokenizer.save_pretrained(partial)
+        manifest = {
+            "method": "selective_pruning",
+            "spec": "papers.md §3.3 baseline (Pochinkov & Schoots 2024; FRAG baselines/selective_pruning.py)",
+            "config": asdict(cfg),
+            "model_dir": str(model_path),
+            "statistic": "x_j of the down_proj input: mean over sequences of the per-sequence L2 norm over tokens",
+            "calibration": {
+                "forget_texts": len(forget),
+                "retain_texts": len(retain),
+                "dtype": str(_CALIB_DTYPE).removeprefix("torch."),
+                "activation_fingerprint": stats.fingerprint,
+                "activation_cache_hit": stats.cached,
+            },
+            "pruned": result["pruned"],
+            "pruned_total": result["pruned_total"],
+            "neurons_total": result["neurons_total"],
+            "neurons": result["neurons"],
+            "zeroed": result["zeroed"],
+            "seed": cfg.seed,
+            "versions": package_versions(),
+            "hardware": hardware(),
+            "wall_time_s": round(time.perf_counter() - started, 3),
+        }
+        write_json(partial / "unlearn_manifest.json", manifest)
+        partial.rename(out)
+    except BaseException:
+        shutil.rmtree(partial, ignore_errors=True)
+        raise
+    return out
+
+
+def run_from_config(
+    model: str | os.PathLike[str],
+    forget_rows: Sequence[Mapping[str, Any]],
+    retain_rows: Sequence[Mapping[str, Any]],
+    out: str | os.PathLike[str],
+    args: Mapping[str, Any],
+    *,
+    seed: int = 42,
+    data: Any = None,
+) -> Path:
+    """``lacuna-unlearn method=selective_pruning``: the forget/retain QA text is the calibration text, as FRP's
+    (so both share the cached statistics); ``method.args`` = :class:`SPConfig`."""
+    from lacuna_metrics.score import default_cache_dir
+    from lacuna_tasks.prompts import qa_text
+
+    try:
+        config = SPConfig(**{"seed": seed, **args})
+    except TypeError as exc:
+        raise ValueError(f"method 'selective_pruning': {exc}") from None
+    return run_selective_pruning(
+        model,
+        [qa_text(r["question"], r["answer"]) for r in forget_rows],
+        [qa_text(r["question"], r["answer"]) for r in retain_rows],
+        out,
+        config,
+        cache_dir=default_cache_dir(),
+    )
