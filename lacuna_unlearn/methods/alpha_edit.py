@@ -40,7 +40,6 @@ import gc
 import hashlib
 import json
 import os
-import shutil
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -585,7 +584,8 @@ def run_alpha_edit(
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from lacuna_metrics.manifest import hardware, package_versions, write_json
+    from lacuna_metrics.manifest import hardware, package_versions
+    from lacuna_unlearn.publish import publish_checkpoint
 
     cfg.validate()
     started = time.time()
@@ -608,39 +608,26 @@ def run_alpha_edit(
     t = time.time()
     edit_stats = apply_alpha_edit(model, tokenizer, requests, cfg, moments)
     timings["edit"] = round(time.time() - t, 2)
-    partial = out.with_name(out.name + ".partial")
-    shutil.rmtree(partial, ignore_errors=True)
+    manifest = {
+        "method": "alpha_edit",
+        "method_args": asdict(cfg),
+        "model": str(model_path),
+        "requests": len(requests),
+        "preserved_texts": len(preserved),
+        "second_moments_cached": cached,
+        "edit": edit_stats,
+        **(dict(extra_manifest) if extra_manifest else {}),
+        "seed": cfg.seed,
+        "timings_seconds": timings,
+        "versions": package_versions(("lacuna-bench", "torch", "transformers")),
+        "hardware": hardware(),
+        "wall_seconds": round(time.time() - started, 2),
+    }
     try:
-        model.save_pretrained(partial)
-        tokenizer.save_pretrained(partial)
-        write_json(
-            partial / "unlearn_manifest.json",
-            {
-                "method": "alpha_edit",
-                "method_args": asdict(cfg),
-                "model": str(model_path),
-                "requests": len(requests),
-                "preserved_texts": len(preserved),
-                "second_moments_cached": cached,
-                "edit": edit_stats,
-                **(dict(extra_manifest) if extra_manifest else {}),
-                "seed": cfg.seed,
-                "timings_seconds": timings,
-                "versions": package_versions(("lacuna-bench", "torch", "transformers")),
-                "hardware": hardware(),
-                "wall_seconds": round(time.time() - started, 2),
-            },
-        )
-        if out.exists():
-            shutil.rmtree(out)
-        partial.rename(out)
-    except BaseException:
-        shutil.rmtree(partial, ignore_errors=True)
-        raise
+        return publish_checkpoint(model, tokenizer, out, manifest)
     finally:
         del model
         gc.collect()
-    return out
 
 
 def run_from_config(

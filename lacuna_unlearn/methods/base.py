@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,3 +45,36 @@ class Method:
         ``restrict=``, freezes the rest and verifies afterwards that nothing outside moved.
         ``None`` (the default) = no localisation."""
         return None
+
+
+def summed_nll_gradients(
+    model: torch.nn.Module,
+    items: Sequence[Mapping[str, torch.Tensor]],
+    collate: Callable[[list[Any]], dict[str, Any]],
+    params: Mapping[str, torch.nn.Parameter],
+    batch_size: int = 8,
+) -> dict[str, torch.Tensor]:
+    """Sum over batches of d(mean answer-token NLL)/d(param) (float32): the gradient statistics localisation-first
+    methods rank parameters by (WAGLE's attribution, MemFlex's gradient information).
+
+    ``items`` are encoded QA items (:class:`lacuna_unlearn.unlearn_data.QADataset` entries) batched in order
+    with the trainer's ``collate``; the model runs in eval mode and ``.grad`` fields are left untouched.
+    """
+    from lacuna_metrics.activations import eval_mode, model_device
+    from lacuna_unlearn.losses import nll_loss
+
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    names, tensors = list(params), list(params.values())
+    totals = {n: torch.zeros(p.shape, dtype=torch.float32, device=p.device) for n, p in params.items()}
+    device = model_device(model)
+    with eval_mode(model), torch.enable_grad():
+        for start in range(0, len(items), batch_size):
+            batch = collate([{"forget": it} for it in items[start : start + batch_size]])["forget"]
+            batch = {k: v.to(device) for k, v in batch.items()}
+            loss = nll_loss(forward(model, batch), batch["labels"])
+            grads = torch.autograd.grad(loss, tensors, allow_unused=True)
+            for name, g in zip(names, grads, strict=True):
+                if g is not None:
+                    totals[name] += g.detach().float()
+    return totals

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import math
 import os
-import shutil
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
@@ -255,7 +254,8 @@ def run_frp(
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from lacuna_metrics.manifest import hardware, package_versions, write_json
+    from lacuna_metrics.manifest import hardware, package_versions
+    from lacuna_unlearn.publish import publish_checkpoint
 
     cfg = (cfg or FRPConfig()).validate()
     started = time.perf_counter()
@@ -281,39 +281,27 @@ def run_frp(
     tokenizer = AutoTokenizer.from_pretrained(model_path, local_files_only=True, trust_remote_code=False)
     result = apply_frp(model, stats.forget, stats.retain, cfg)
 
-    partial = out.with_name(out.name + ".partial")
-    if partial.exists():
-        shutil.rmtree(partial)
-    partial.mkdir(parents=True)
-    try:
-        model.save_pretrained(partial)
-        tokenizer.save_pretrained(partial)
-        manifest = {
-            "method": "frp",
-            "spec": "papers.md §3.4 (code path --scoring rank_combo)",
-            "config": asdict(cfg),
-            "model_dir": str(model_path),
-            "calibration": {
-                "forget_texts": len(forget),
-                "retain_texts": len(retain),
-                "dtype": str(_CALIB_DTYPE).removeprefix("torch."),
-                "activation_fingerprint": stats.fingerprint,
-                "activation_cache_hit": stats.cached,
-            },
-            "pruned": result["pruned"],
-            "pruned_total": result["pruned_total"],
-            "scored_total": result["scored_total"],
-            "seed": cfg.seed,
-            "versions": package_versions(),
-            "hardware": hardware(),
-            "wall_time_s": round(time.perf_counter() - started, 3),
-        }
-        write_json(partial / "unlearn_manifest.json", manifest)
-        partial.rename(out)
-    except BaseException:
-        shutil.rmtree(partial, ignore_errors=True)
-        raise
-    return out
+    manifest = {
+        "method": "frp",
+        "spec": "papers.md §3.4 (code path --scoring rank_combo)",
+        "config": asdict(cfg),
+        "model_dir": str(model_path),
+        "calibration": {
+            "forget_texts": len(forget),
+            "retain_texts": len(retain),
+            "dtype": str(_CALIB_DTYPE).removeprefix("torch."),
+            "activation_fingerprint": stats.fingerprint,
+            "activation_cache_hit": stats.cached,
+        },
+        "pruned": result["pruned"],
+        "pruned_total": result["pruned_total"],
+        "scored_total": result["scored_total"],
+        "seed": cfg.seed,
+        "versions": package_versions(),
+        "hardware": hardware(),
+        "wall_time_s": round(time.perf_counter() - started, 3),
+    }
+    return publish_checkpoint(model, tokenizer, out, manifest)
 
 
 def run_from_config(

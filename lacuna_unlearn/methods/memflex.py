@@ -54,8 +54,8 @@ from typing import Any
 
 import torch
 
-from lacuna_unlearn.losses import IGNORE_INDEX, combine, nll_loss, token_counts, token_nll
-from lacuna_unlearn.methods.base import Method, forward
+from lacuna_unlearn.losses import IGNORE_INDEX, combine, token_counts, token_nll
+from lacuna_unlearn.methods.base import Method, forward, summed_nll_gradients
 
 __all__ = ["MemFlex", "cosine", "gradient_info", "located", "randomize_answer"]
 
@@ -106,26 +106,16 @@ def gradient_info(
 ) -> dict[str, torch.Tensor]:
     """``compute_info``: Σ over batches of ∇ NLL(batch) for the parameters ``names``, divided by the number of rows.
 
-    ``generator`` given: answers are randomly relabelled first (:func:`randomize_answer`). The model's mode and
-    ``.grad`` fields are left as they were (gradients come from ``torch.autograd.grad``).
+    ``generator`` given: answers are randomly relabelled first (:func:`randomize_answer`). Runs in eval mode
+    (``compute_info``); ``.grad`` fields are left as they were (gradients come from ``torch.autograd.grad``).
     """
     params = dict(model.named_parameters())
-    wanted = [params[n] for n in names]
-    info = {n: torch.zeros_like(p, dtype=torch.float32) for n, p in zip(names, wanted, strict=True)}
-    device = wanted[0].device
     items = [dataset[i] for i in range(len(dataset))]
     if generator is not None:
         vocab = _vocab_size(model)
         items = [randomize_answer(it, vocab, generator) for it in items]
-    for start in range(0, len(items), batch_size):
-        batch = collate([{"forget": it} for it in items[start : start + batch_size]])["forget"]
-        batch = {k: v.to(device) for k, v in batch.items()}
-        loss = nll_loss(forward(model, batch), batch["labels"])
-        grads = torch.autograd.grad(loss, wanted, allow_unused=True)
-        for name, grad in zip(names, grads, strict=True):
-            if grad is not None:
-                info[name] += grad.detach().float()
-    return {n: g / len(items) for n, g in info.items()}
+    summed = summed_nll_gradients(model, items, collate, {n: params[n] for n in names}, batch_size)
+    return {n: g / len(items) for n, g in summed.items()}
 
 
 def _sequence_nll(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:

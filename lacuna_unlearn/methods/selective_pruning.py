@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import math
 import os
-import shutil
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
@@ -230,7 +229,8 @@ def run_selective_pruning(
     to ``out_dir`` (built in ``<out_dir>.partial``, renamed at the end; an existing ``out_dir`` is an error)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from lacuna_metrics.manifest import hardware, package_versions, write_json
+    from lacuna_metrics.manifest import hardware, package_versions
+    from lacuna_unlearn.publish import publish_checkpoint
 
     cfg = (cfg or SPConfig()).validate()
     started = time.perf_counter()
@@ -250,42 +250,30 @@ def run_selective_pruning(
     tokenizer = AutoTokenizer.from_pretrained(model_path, local_files_only=True, trust_remote_code=False)
     result = apply_selective_pruning(model, stats.forget, stats.retain, cfg)
 
-    partial = out.with_name(out.name + ".partial")
-    if partial.exists():
-        shutil.rmtree(partial)
-    partial.mkdir(parents=True)
-    try:
-        model.save_pretrained(partial)
-        tokenizer.save_pretrained(partial)
-        manifest = {
-            "method": "selective_pruning",
-            "spec": "papers.md §3.3 baseline (Pochinkov & Schoots 2024; FRAG baselines/selective_pruning.py)",
-            "config": asdict(cfg),
-            "model_dir": str(model_path),
-            "statistic": "x_j of the down_proj input: mean over sequences of the per-sequence L2 norm over tokens",
-            "calibration": {
-                "forget_texts": len(forget),
-                "retain_texts": len(retain),
-                "dtype": str(_CALIB_DTYPE).removeprefix("torch."),
-                "activation_fingerprint": stats.fingerprint,
-                "activation_cache_hit": stats.cached,
-            },
-            "pruned": result["pruned"],
-            "pruned_total": result["pruned_total"],
-            "neurons_total": result["neurons_total"],
-            "neurons": result["neurons"],
-            "zeroed": result["zeroed"],
-            "seed": cfg.seed,
-            "versions": package_versions(),
-            "hardware": hardware(),
-            "wall_time_s": round(time.perf_counter() - started, 3),
-        }
-        write_json(partial / "unlearn_manifest.json", manifest)
-        partial.rename(out)
-    except BaseException:
-        shutil.rmtree(partial, ignore_errors=True)
-        raise
-    return out
+    manifest = {
+        "method": "selective_pruning",
+        "spec": "papers.md §3.3 baseline (Pochinkov & Schoots 2024; FRAG baselines/selective_pruning.py)",
+        "config": asdict(cfg),
+        "model_dir": str(model_path),
+        "statistic": "x_j of the down_proj input: mean over sequences of the per-sequence L2 norm over tokens",
+        "calibration": {
+            "forget_texts": len(forget),
+            "retain_texts": len(retain),
+            "dtype": str(_CALIB_DTYPE).removeprefix("torch."),
+            "activation_fingerprint": stats.fingerprint,
+            "activation_cache_hit": stats.cached,
+        },
+        "pruned": result["pruned"],
+        "pruned_total": result["pruned_total"],
+        "neurons_total": result["neurons_total"],
+        "neurons": result["neurons"],
+        "zeroed": result["zeroed"],
+        "seed": cfg.seed,
+        "versions": package_versions(),
+        "hardware": hardware(),
+        "wall_time_s": round(time.perf_counter() - started, 3),
+    }
+    return publish_checkpoint(model, tokenizer, out, manifest)
 
 
 def run_from_config(

@@ -52,8 +52,7 @@ from typing import Any
 
 import torch
 
-from lacuna_unlearn.losses import nll_loss
-from lacuna_unlearn.methods.base import Method, forward
+from lacuna_unlearn.methods.base import Method, summed_nll_gradients
 from lacuna_unlearn.methods.grad_diff import GradDiff
 from lacuna_unlearn.methods.npo import NPO
 
@@ -174,28 +173,8 @@ def attribution_gradients(
     params: Mapping[str, torch.nn.Parameter],
     batch_size: int = 8,
 ) -> dict[str, torch.Tensor]:
-    """Sum over batches of d(mean answer-token NLL)/d(param) (float32), the g_f / g_r of the score.
-
-    ``items`` are encoded QA items (:class:`lacuna_unlearn.unlearn_data.QADataset` entries) batched in order
-    with the trainer's ``collate``; the model runs in eval mode and ``.grad`` fields are left untouched.
-    """
-    from lacuna_metrics.activations import eval_mode, model_device
-
-    if batch_size < 1:
-        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-    names, tensors = list(params), list(params.values())
-    totals = {n: torch.zeros(p.shape, dtype=torch.float32, device=p.device) for n, p in params.items()}
-    device = model_device(model)
-    with eval_mode(model), torch.enable_grad():
-        for start in range(0, len(items), batch_size):
-            batch = collate([{"forget": it} for it in items[start : start + batch_size]])["forget"]
-            batch = {k: v.to(device) for k, v in batch.items()}
-            loss = nll_loss(forward(model, batch), batch["labels"])
-            grads = torch.autograd.grad(loss, tensors, allow_unused=True)
-            for name, g in zip(names, grads, strict=True):
-                if g is not None:
-                    totals[name] += g.detach().float()
-    return totals
+    """g_f / g_r of the score: the sum over batches of d(mean answer-token NLL)/d(param), in eval mode."""
+    return summed_nll_gradients(model, items, collate, params, batch_size)
 
 
 @dataclass
