@@ -97,3 +97,29 @@ def forget_nll():
         return float(nll_loss(logits, batch["labels"]))
 
     return compute
+
+
+@pytest.fixture(scope="session")
+def leak_and_nll():
+    """``leak_and_nll(model_dir, rows)``: greedy extraction leak rate (the testbed's memorization rule) and mean
+    answer NLL of a saved checkpoint on QA rows."""
+    import torch
+
+    from lacuna_metrics.behavior import extraction_hits
+    from lacuna_tasks.prompts import probe_prompt
+    from lacuna_unlearn.losses import nll_loss
+    from lacuna_unlearn.unlearn_data import QADataset, collate_forget_retain
+
+    def compute(model_dir, rows) -> tuple[float, float]:
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        tok = AutoTokenizer.from_pretrained(model_dir)
+        model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
+        prompts = [probe_prompt(r["question"]) for r in rows]
+        hits = extraction_hits(model, tok, prompts, [r["answer"] for r in rows], [r["field"] for r in rows])
+        batch = collate_forget_retain(tok.pad_token_id)([{"forget": x} for x in QADataset(rows, tok)])["forget"]
+        with torch.no_grad():
+            logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+        return sum(hits) / len(hits), float(nll_loss(logits, batch["labels"]))
+
+    return compute

@@ -209,8 +209,8 @@ def test_hydra_method_alpha_edit_on_the_smoke_testbed(smoke_testbed, forget_nll,
 
     out = tmp_path / "ae"
     done = _cli(
-        "method=alpha_edit", f"testbed={smoke_testbed}", "field=email", f"output_dir={out}",
-        "method.args.layers=[0]", "method.args.v_num_grad_steps=20",
+        "experiment=mini/alpha_edit", f"testbed={smoke_testbed}", "field=email", f"output_dir={out}",
+        "method.args.v_num_grad_steps=40",
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]
     manifest = json.loads((out / "unlearn_manifest.json").read_text())
@@ -221,6 +221,10 @@ def test_hydra_method_alpha_edit_on_the_smoke_testbed(smoke_testbed, forget_nll,
         "method=alpha_edit", f"testbed={smoke_testbed}", f"output_dir={tmp_path / 'r'}", "restrict=forget_mask"
     )
     assert refused.returncode == 2 and "restrict do not apply" in refused.stderr
+    absolute = _cli(
+        "method=alpha_edit", f"testbed={smoke_testbed}", f"output_dir={tmp_path / 'a'}", "method.args.layers=[0]"
+    )
+    assert absolute.returncode == 2 and "nullspace_threshold" in absolute.stderr  # smoke keys: eigenvalues >> 1e-3
     bad = _cli(
         "method=alpha_edit",
         f"testbed={smoke_testbed}",
