@@ -41,6 +41,9 @@ DEFAULT_RUN: dict[str, Any] = {
         "rmu": ["method.args.alpha=10"],  # alpha 1 erases the retain facts on mini (see experiment/mini.yaml)
         "frp": [],
         "oracle_grad": [],
+        "alpha_edit": ["experiment=mini/alpha_edit"],  # the layer and value space that can move mini's outputs
+        "memflex": ["trainer.args.learning_rate=1e-3"],  # LoRA needs a larger step than mini's 2e-4
+        "wagle": [],
     },
     "eval": {"batch_size": 32, "tasks": None},  # tasks: null = the field group lacuna_<field>; or suffixes
     "score": {"enabled": True, "composite_samples": 200_000, "frag": True},
@@ -56,6 +59,10 @@ PRESETS = {
         **DEFAULT_RUN,
         "preset": "smoke",
         "experiment": None,
+        "methods": {
+            **DEFAULT_RUN["methods"],
+            "alpha_edit": ["method.args.layers=[0]", "method.args.nullspace_relative=true"],
+        },
         "eval": {"batch_size": 32, "tasks": ["forget_qa", "retain_qa", "forget_memorization"]},
     },
 }
@@ -211,6 +218,7 @@ def run_benchmark(
     from lacuna_metrics.reversibility import classify_regime
     from lacuna_metrics.score import score_to_dir
     from lacuna_unlearn.attacks import resurfacing_attack
+    from lacuna_unlearn.train import EDITORS
     from lacuna_unlearn.train import run as unlearn_run
 
     cfg = copy.deepcopy(dict(cfg or DEFAULT_RUN))
@@ -249,7 +257,7 @@ def run_benchmark(
         for name, extra in cfg["methods"].items():
             extra = list(extra or [])
             overrides = [f"method={name}", f"testbed={testbed}", f"field={field}", f"seed={seed}", *extra]
-            if cfg["experiment"] and name != "frp":
+            if cfg["experiment"] and name not in EDITORS:  # training-free: the schedule does not apply
                 overrides.insert(0, f"experiment={cfg['experiment']}")
             u_inputs = {"testbed": tb_key, "overrides": [o for o in overrides if not o.startswith("testbed=")]}
 
