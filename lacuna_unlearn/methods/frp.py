@@ -25,7 +25,7 @@ from __future__ import annotations
 import math
 import os
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -34,7 +34,16 @@ import torch
 
 from lacuna_metrics.activations import TARGETS, activation_stats, linear_weight_names, transposed_weight_names
 
-__all__ = ["EPS", "FRPConfig", "apply_frp", "frp_prune_mask", "frp_scores", "run_frp", "run_from_config"]
+__all__ = [
+    "EPS",
+    "FRPConfig",
+    "apply_frp",
+    "frp_prune_mask",
+    "frp_scores",
+    "prune_from_activations",
+    "run_frp",
+    "run_from_config",
+]
 
 #: The 1e-6 of r_j = x^f_j / (x^r_j + 1e-6) and of the veto score P (spec §3.4).
 EPS = 1e-6
@@ -252,12 +261,45 @@ def run_frp(
     side (bf16 forward, cached in ``cache_dir``), prune, and save model + tokenizer + ``unlearn_manifest.json`` to
     ``out_dir``. Built in ``<out_dir>.partial`` and renamed at the end; an existing ``out_dir`` is an error.
     """
+    cfg = (cfg or FRPConfig()).validate()
+    return prune_from_activations(
+        model_dir,
+        forget_texts,
+        retain_texts,
+        out_dir,
+        cfg,
+        target=cfg.target,
+        apply=apply_frp,
+        result_keys=("pruned", "pruned_total", "scored_total"),
+        describe={"method": "frp", "spec": "papers.md §3.4 (code path --scoring rank_combo)"},
+        cache_dir=cache_dir,
+    )
+
+
+def prune_from_activations(
+    model_dir: str | os.PathLike[str],
+    forget_texts: Sequence[str],
+    retain_texts: Sequence[str],
+    out_dir: str | os.PathLike[str],
+    cfg: Any,
+    *,
+    target: str,
+    apply: Callable[..., Mapping[str, Any]],
+    result_keys: Sequence[str],
+    describe: Mapping[str, Any],
+    cache_dir: str | os.PathLike[str] | None = None,
+) -> Path:
+    """The job shared by the activation-statistics pruners (FRP, Selective Pruning): x^f / x^r of the original
+    model on the first ``cfg.calib_samples`` texts per side (cached), ``apply(model, x_f, x_r, cfg)``, then the
+    checkpoint + manifest (``describe`` + the ``result_keys`` of the apply result) published atomically.
+
+    ``cfg`` is a validated config with ``calib_samples``, ``max_length`` and ``seed``.
+    """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from lacuna_metrics.manifest import hardware, package_versions
     from lacuna_unlearn.publish import publish_checkpoint
 
-    cfg = (cfg or FRPConfig()).validate()
     started = time.perf_counter()
     model_path, out = Path(model_dir), Path(out_dir)
     if not model_path.is_dir():
@@ -266,24 +308,16 @@ def run_frp(
         raise FileExistsError(f"{out} exists; remove it or choose another out_dir")
     forget = list(forget_texts)[: cfg.calib_samples]
     retain = list(retain_texts)[: cfg.calib_samples]
-    torch.manual_seed(cfg.seed)  # FRP is deterministic; seeded anyway for the record
+    torch.manual_seed(cfg.seed)  # the pruners are deterministic; seeded anyway for the record
 
     stats = activation_stats(
-        model_path,
-        forget,
-        retain,
-        cache_dir=cache_dir,
-        target=cfg.target,
-        max_length=cfg.max_length,
-        dtype=_CALIB_DTYPE,
+        model_path, forget, retain, cache_dir=cache_dir, target=target, max_length=cfg.max_length, dtype=_CALIB_DTYPE
     )
     model = AutoModelForCausalLM.from_pretrained(model_path, **_load_kwargs())
     tokenizer = AutoTokenizer.from_pretrained(model_path, local_files_only=True, trust_remote_code=False)
-    result = apply_frp(model, stats.forget, stats.retain, cfg)
-
+    result = apply(model, stats.forget, stats.retain, cfg)
     manifest = {
-        "method": "frp",
-        "spec": "papers.md §3.4 (code path --scoring rank_combo)",
+        **describe,
         "config": asdict(cfg),
         "model_dir": str(model_path),
         "calibration": {
@@ -293,9 +327,7 @@ def run_frp(
             "activation_fingerprint": stats.fingerprint,
             "activation_cache_hit": stats.cached,
         },
-        "pruned": result["pruned"],
-        "pruned_total": result["pruned_total"],
-        "scored_total": result["scored_total"],
+        **{key: result[key] for key in result_keys},
         "seed": cfg.seed,
         "versions": package_versions(),
         "hardware": hardware(),

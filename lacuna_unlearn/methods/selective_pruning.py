@@ -41,16 +41,15 @@ from __future__ import annotations
 
 import math
 import os
-import time
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from lacuna_metrics.activations import activation_stats, linear_weight_names, transposed_weight_names
-from lacuna_unlearn.methods.frp import _CALIB_DTYPE, _is_real, _load_kwargs
+from lacuna_metrics.activations import linear_weight_names, transposed_weight_names
+from lacuna_unlearn.methods.frp import _is_real, prune_from_activations
 from lacuna_unlearn.methods.wagle import top_fraction_masks
 
 __all__ = [
@@ -227,53 +226,23 @@ def run_selective_pruning(
     """SP end to end: statistics of the original model on the first ``cfg.calib_samples`` texts per side (bf16,
     cached with FRP/FRAG's fingerprint in ``cache_dir``), prune, save model + tokenizer + ``unlearn_manifest.json``
     to ``out_dir`` (built in ``<out_dir>.partial``, renamed at the end; an existing ``out_dir`` is an error)."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from lacuna_metrics.manifest import hardware, package_versions
-    from lacuna_unlearn.publish import publish_checkpoint
-
     cfg = (cfg or SPConfig()).validate()
-    started = time.perf_counter()
-    model_path, out = Path(model_dir), Path(out_dir)
-    if not model_path.is_dir():
-        raise FileNotFoundError(f"model directory not found: {model_path}")
-    if out.exists():
-        raise FileExistsError(f"{out} exists; remove it or choose another out_dir")
-    forget = list(forget_texts)[: cfg.calib_samples]
-    retain = list(retain_texts)[: cfg.calib_samples]
-    torch.manual_seed(cfg.seed)  # SP is deterministic; seeded anyway for the record
-
-    stats = activation_stats(
-        model_path, forget, retain, cache_dir=cache_dir, target="mlp", max_length=cfg.max_length, dtype=_CALIB_DTYPE
-    )
-    model = AutoModelForCausalLM.from_pretrained(model_path, **_load_kwargs())
-    tokenizer = AutoTokenizer.from_pretrained(model_path, local_files_only=True, trust_remote_code=False)
-    result = apply_selective_pruning(model, stats.forget, stats.retain, cfg)
-
-    manifest = {
-        "method": "selective_pruning",
-        "spec": "papers.md §3.3 baseline (Pochinkov & Schoots 2024; FRAG baselines/selective_pruning.py)",
-        "config": asdict(cfg),
-        "model_dir": str(model_path),
-        "statistic": "x_j of the down_proj input: mean over sequences of the per-sequence L2 norm over tokens",
-        "calibration": {
-            "forget_texts": len(forget),
-            "retain_texts": len(retain),
-            "dtype": str(_CALIB_DTYPE).removeprefix("torch."),
-            "activation_fingerprint": stats.fingerprint,
-            "activation_cache_hit": stats.cached,
+    return prune_from_activations(
+        model_dir,
+        forget_texts,
+        retain_texts,
+        out_dir,
+        cfg,
+        target="mlp",
+        apply=apply_selective_pruning,
+        result_keys=("pruned", "pruned_total", "neurons_total", "neurons", "zeroed"),
+        describe={
+            "method": "selective_pruning",
+            "spec": "papers.md §3.3 baseline (Pochinkov & Schoots 2024; FRAG baselines/selective_pruning.py)",
+            "statistic": "x_j of the down_proj input: mean over sequences of the per-sequence L2 norm over tokens",
         },
-        "pruned": result["pruned"],
-        "pruned_total": result["pruned_total"],
-        "neurons_total": result["neurons_total"],
-        "neurons": result["neurons"],
-        "zeroed": result["zeroed"],
-        "seed": cfg.seed,
-        "versions": package_versions(),
-        "hardware": hardware(),
-        "wall_time_s": round(time.perf_counter() - started, 3),
-    }
-    return publish_checkpoint(model, tokenizer, out, manifest)
+        cache_dir=cache_dir,
+    )
 
 
 def run_from_config(

@@ -46,7 +46,7 @@ on hand-made tensors; :func:`top_fraction_masks` is also Selective Pruning's neu
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -61,7 +61,6 @@ __all__ = [
     "OBJECTIVES",
     "SCOPES",
     "WAGLE",
-    "attribution_gradients",
     "attribution_scores",
     "candidate_parameters",
     "top_fraction_masks",
@@ -166,17 +165,6 @@ def candidate_parameters(model: torch.nn.Module, target: str = "linear") -> dict
     return out
 
 
-def attribution_gradients(
-    model: torch.nn.Module,
-    items: Sequence[Mapping[str, torch.Tensor]],
-    collate: Callable[[list[Any]], dict[str, Any]],
-    params: Mapping[str, torch.nn.Parameter],
-    batch_size: int = 8,
-) -> dict[str, torch.Tensor]:
-    """g_f / g_r of the score: the sum over batches of d(mean answer-token NLL)/d(param), in eval mode."""
-    return summed_nll_gradients(model, items, collate, params, batch_size)
-
-
 @dataclass
 class WAGLE(Method):
     """WAGLE: the ``objective`` (GradDiff or NPO) on the ``ratio`` most attributed scalars (module docstring)."""
@@ -240,8 +228,8 @@ class WAGLE(Method):
         params = candidate_parameters(model, self.target)
         forget_items = [forget[i] for i in range(len(forget))]
         retain_items = [retain[i % len(retain)] for i in range(len(forget))]
-        g_f = attribution_gradients(model, forget_items, collate, params, self.batch_size)
-        g_r = attribution_gradients(model, retain_items, collate, params, self.batch_size)
+        g_f = summed_nll_gradients(model, forget_items, collate, params, self.batch_size)
+        g_r = summed_nll_gradients(model, retain_items, collate, params, self.batch_size)
         scores = {n: attribution_scores(p, g_f[n], g_r[n], self.mu) for n, p in params.items()}
         del g_f, g_r
         masks = top_fraction_masks(scores, self.ratio, self.scope)
