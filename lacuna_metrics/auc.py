@@ -8,6 +8,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from lacuna_metrics.kernels import clear_bins, histogram_add, merge_bins, occupied_bins, qtile_histogram_add
+
 
 def roc_auc(scores: np.ndarray, labels: np.ndarray) -> float:
     """Exact ROC-AUC of ``scores`` for binary ``labels``; NaN scores and one-class labels are errors."""
@@ -45,6 +47,7 @@ TARGETS: dict[str, tuple[tuple[int, ...], tuple[int, ...]]] = {
     "forget_vs_retain": ((FORGET,), (RETAIN,)),
 }
 _NCAT = 3
+_BAD_CATEGORY = f"category codes must be {OUTSIDE}, {RETAIN} or {FORGET}, got {{}}"
 
 
 def float_keys(scores: torch.Tensor) -> torch.Tensor:
@@ -98,12 +101,12 @@ class StreamingAUC:
         self._scores: list[torch.Tensor] | None = []
         self._cats: list[torch.Tensor] = []
         self._buffered = 0
-        self._exact_bins: tuple[np.ndarray, np.ndarray] | None = None  # the buffer's bins (cached)
+        self._bins: tuple[np.ndarray, np.ndarray] | None = None  # _binned()'s result until the next add
         self._counts: torch.Tensor | None = None  # [bins * 3] int64
         self._low_min: torch.Tensor | None = None  # [bins] smallest nonzero low-order key bits per bin
         self._low_max: torch.Tensor | None = None  # [bins] largest (-1: none)
         self._off_edge: torch.Tensor | None = None  # [bins * 3] counts of keys not on their bin's lower edge
-        self._ones = torch.ones(0, dtype=torch.int64)
+        self._spare: tuple[torch.Tensor, ...] | None = None  # cleared histogram arrays kept by reset()
 
     @property
     def count(self) -> int:
@@ -117,12 +120,12 @@ class StreamingAUC:
         cats = cats.reshape(-1).to(torch.uint8)
         if scores.numel() != cats.numel():
             raise ValueError(f"{scores.numel()} scores but {cats.numel()} categories")
-        if bool(torch.isnan(scores).any()):
-            raise ValueError("scores contain NaN")
-        if cats.numel() and int(cats.max()) > FORGET:
-            raise ValueError(f"category codes must be {OUTSIDE}, {RETAIN} or {FORGET}, got {int(cats.max())}")
+        self._bins = None
         if self._scores is not None:
-            self._exact_bins = None
+            if cats.numel() and int(cats.max()) > FORGET:
+                raise ValueError(_BAD_CATEGORY.format(int(cats.max())))
+            if bool(torch.isnan(scores).any()):
+                raise ValueError("scores contain NaN")
             self._scores.append(scores.clone())
             self._cats.append(cats.clone())
             self._buffered += scores.numel()
@@ -135,48 +138,117 @@ class StreamingAUC:
         assert self._scores is not None
         buffered, cats = self._scores, self._cats
         self._scores, self._cats = None, []
-        self._counts = torch.zeros((1 << self.bits) * _NCAT, dtype=torch.int64)
-        self._low_min = torch.full((1 << self.bits,), 1 << self._shift, dtype=torch.int64)
-        self._low_max = torch.full((1 << self.bits,), -1, dtype=torch.int64)
-        self._off_edge = torch.zeros_like(self._counts)
+        if self._spare is not None:  # cleared by reset()
+            self._counts, self._off_edge, self._low_min, self._low_max = self._spare
+            self._spare = None
+        else:
+            self._counts = torch.zeros((1 << self.bits) * _NCAT, dtype=torch.int64)
+            self._low_min = torch.full((1 << self.bits,), 1 << self._shift, dtype=torch.int64)
+            self._low_max = torch.full((1 << self.bits,), -1, dtype=torch.int64)
+            self._off_edge = torch.zeros_like(self._counts)
         for s, c in zip(buffered, cats, strict=True):
             self._histogram(s, c)
 
     def _histogram(self, scores: torch.Tensor, cats: torch.Tensor) -> None:
         assert self._counts is not None and self._low_min is not None and self._low_max is not None
-        keys = signed_keys(scores)  # int32: 4-byte passes instead of 8-byte ones
-        bins = (keys >> self._shift) + (1 << (self.bits - 1))  # same bins as float_keys(...) >> shift
-        low = keys & ((1 << self._shift) - 1)
-        index = (bins * _NCAT + cats).to(torch.int64)
-        if self._ones.numel() < index.numel():
-            self._ones = torch.ones(index.numel(), dtype=torch.int64)
-        ones = self._ones[: index.numel()]
-        self._counts.scatter_add_(0, index, ones)
-        off = low != 0
-        if bool(off.any()):  # rare for scores of bf16 weights, whose low mantissa bits are zero
-            assert self._off_edge is not None
-            self._off_edge.scatter_add_(0, index[off], ones[: int(off.sum())])
-            off_bins, off_low = bins[off].to(torch.int64), low[off].to(torch.int64)
-            self._low_min.scatter_reduce_(0, off_bins, off_low, "amin")
-            self._low_max.scatter_reduce_(0, off_bins, off_low, "amax")
+        assert self._off_edge is not None
+        nan_at = histogram_add(
+            scores.contiguous().numpy(),
+            cats.contiguous().numpy(),
+            self._shift,
+            1 << (self.bits - 1),
+            self._counts.numpy(),
+            self._off_edge.numpy(),
+            self._low_min.numpy(),
+            self._low_max.numpy(),
+        )
+        if nan_at >= 0:
+            raise ValueError(f"scores contain NaN (at index {nan_at} of the block)")
+        if nan_at < -1:
+            raise ValueError(_BAD_CATEGORY.format(int(cats[-2 - nan_at])))
+
+    def add_ranked(self, start: int, sorted_cats: torch.Tensor, n: int) -> None:
+        """Add ``qtile`` scores ``r / (n − 1)`` (float32) of ranks ``r = start, start + 1, …`` whose categories
+        are ``sorted_cats``: what :func:`lacuna_metrics.localization.qtile_values` + :meth:`add` give, fused."""
+        sorted_cats = sorted_cats.reshape(-1).to(torch.uint8)
+        if sorted_cats.numel() and int(sorted_cats.max()) > FORGET:
+            raise ValueError(_BAD_CATEGORY.format(int(sorted_cats.max())))
+        if self._scores is not None:
+            stop = start + sorted_cats.numel()
+            self.add((torch.arange(start, stop, dtype=torch.float64) / max(1, n - 1)).to(torch.float32), sorted_cats)
+            return
+        assert self._counts is not None and self._low_min is not None and self._low_max is not None
+        assert self._off_edge is not None
+        self._bins = None
+        qtile_histogram_add(
+            start,
+            sorted_cats.contiguous().numpy(),
+            n,
+            self._shift,
+            1 << (self.bits - 1),
+            self._counts.numpy(),
+            self._off_edge.numpy(),
+            self._low_min.numpy(),
+            self._low_max.numpy(),
+        )
+
+    def reset(self) -> None:
+        """Forget every score seen, back to exact (buffering) mode; a spilled histogram's memory is cleared
+        bin by occupied bin and kept for the next spill, so one accumulator serves many groups cheaply."""
+        if self._counts is not None:
+            assert self._off_edge is not None and self._low_min is not None and self._low_max is not None
+            arrays = (self._counts, self._off_edge, self._low_min, self._low_max)
+            clear_bins(occupied_bins(self._counts.numpy()), *(t.numpy() for t in arrays), 1 << self._shift)
+            self._spare = arrays
+        self._counts = self._off_edge = self._low_min = self._low_max = None
+        self._scores, self._cats, self._buffered, self._bins = [], [], 0, None
+
+    def merge_into(self, other: StreamingAUC) -> None:
+        """Add everything this accumulator saw to ``other`` (same ``bits`` and ``exact_limit``).
+
+        Why: a (layer, component) group's accumulator is merged into the universe's instead of histogramming
+        every scalar twice. Only occupied bins are touched, so a merge costs far less than the group's pass.
+        """
+        if (other.bits, other.exact_limit) != (self.bits, self.exact_limit):
+            raise ValueError(f"cannot merge bits={self.bits} into bits={other.bits} (or different exact limits)")
+        if self._scores is not None:  # still exact: the other one sees the same chunks
+            for scores, cats in zip(self._scores, self._cats, strict=True):
+                other.add(scores, cats)
+            return
+        if other._scores is not None:  # this one spilled, so together they exceed the exact limit
+            other._spill()
+        assert self._counts is not None and self._off_edge is not None
+        assert self._low_min is not None and self._low_max is not None
+        assert other._counts is not None and other._off_edge is not None
+        assert other._low_min is not None and other._low_max is not None
+        other._bins = None
+        merge_bins(
+            occupied_bins(self._counts.numpy()),
+            *(t.numpy() for t in (self._counts, self._off_edge, self._low_min, self._low_max)),
+            *(t.numpy() for t in (other._counts, other._off_edge, other._low_min, other._low_max)),
+        )
 
     def _binned(self) -> tuple[np.ndarray, np.ndarray]:
         """Per-bin category counts ``[bins, 3]`` in ascending score order, and per bin the counts of keys
         that may differ from the others (zero where the bin holds a single value)."""
+        if self._bins is None:
+            self._bins = self._compute_bins()
+        return self._bins
+
+    def _compute_bins(self) -> tuple[np.ndarray, np.ndarray]:
         if self._counts is not None:
             assert self._low_min is not None and self._low_max is not None and self._off_edge is not None
-            counts = self._counts.view(-1, _NCAT).numpy()
-            off = self._off_edge.view(-1, _NCAT).numpy()
-            occupied = counts.sum(axis=1) > 0
+            occupied = occupied_bins(self._counts.numpy())  # ascending bin indices, usually few
+            counts = self._counts.view(-1, _NCAT).numpy()[occupied]
+            off = self._off_edge.view(-1, _NCAT).numpy()[occupied]
             off_total = off.sum(axis=1)
             on_edge = counts.sum(axis=1) - off_total
             # a bin holds several values iff it has off-edge keys and either on-edge keys or unequal off-edge keys
-            mixed = (off_total > 0) & ((on_edge > 0) | (self._low_min != self._low_max).numpy())
-            return counts[occupied], (off * mixed[:, None])[occupied]
+            unequal = self._low_min.numpy()[occupied] != self._low_max.numpy()[occupied]
+            mixed = (off_total > 0) & ((on_edge > 0) | unequal)
+            return counts, off * mixed[:, None]
         assert self._scores is not None
-        if self._exact_bins is None:
-            self._exact_bins = _distinct_value_bins(self._scores, self._cats)
-        return self._exact_bins
+        return _distinct_value_bins(self._scores, self._cats)
 
     def _target_bins(self, target: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Positives, negatives and uncertain pairs per bin for ``target``.

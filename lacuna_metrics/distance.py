@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from lacuna_metrics.checkpoints import Checkpoint, CheckpointError, check_compatible
+from lacuna_metrics.kernels import diff_square_sums
 
 __all__ = ["DistanceAccumulator", "distance_score"]
 
@@ -44,10 +45,13 @@ class DistanceAccumulator:
         after = torch.as_tensor(after_rows)
         if before.shape != after.shape:
             raise ValueError(f"tensor {name!r}: before block {list(before.shape)} vs after block {list(after.shape)}")
-        w = before.to(torch.float64)
-        delta = after.to(torch.float64) - w
-        self._delta_sq[name] = self._delta_sq.get(name, 0.0) + float(delta.square_().sum())
-        self._norm_sq[name] = self._norm_sq.get(name, 0.0) + float(w.square().sum())
+        if before.dtype not in (torch.float32, torch.float64) or after.dtype != before.dtype:
+            before, after = before.to(torch.float64), after.to(torch.float64)  # exact for bf16/fp16
+        delta_sq, norm_sq = diff_square_sums(
+            before.reshape(-1).contiguous().numpy(), after.reshape(-1).contiguous().numpy()
+        )
+        self._delta_sq[name] = self._delta_sq.get(name, 0.0) + float(delta_sq)
+        self._norm_sq[name] = self._norm_sq.get(name, 0.0) + float(norm_sq)
         self._rows[name] = self._rows.get(name, 0) + (before.shape[0] if before.dim() else 1)
 
     def result(self) -> dict[str, Any]:

@@ -6,24 +6,32 @@ functions of the before/after weights (plus an optional reference ``base`` and a
 pair). Scores are streamed tensor block by tensor block into :class:`~lacuna_metrics.auc.StreamingAUC`,
 so memory is bounded by the largest tensor, never the model.
 
-Two passes per (layer, component) group: the first collects what the scores normalise by (σ of δ and
-of the contrast per group, the mean control δ′ per tensor) and the categories; the second re-reads
-the group (now in the page cache) and scores it. ``qtile`` and ``crossfield`` need the whole tensor's
-ranks, so they sort one tensor at a time.
+Two passes per (layer, component) group when a requested score normalises by a group statistic
+(``layernorm``, ``contrastln``, ``compnorm``, also as composite features): the first collects σ of δ
+and of the contrast per group, the mean control δ′ per tensor and the categories; the second re-reads
+the group (now in the page cache) and scores it. Otherwise one pass scores while reading. ``qtile`` and
+``crossfield`` need the whole tensor's ranks, so they sort one tensor at a time (a radix sort).
+
+The per-scalar work (categories, sums, histogram updates, the sort) runs in the compiled kernels of
+:mod:`lacuna_metrics.kernels`; the histogram updates of different scores run in parallel threads, and
+the per-layer score is histogrammed once per group and then merged into the universe's histogram.
 """
 
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import torch
 
-from lacuna_metrics.auc import FORGET, OUTSIDE, RETAIN, TARGETS, StreamingAUC, roc_auc, signed_keys
+from lacuna_metrics.auc import FORGET, OUTSIDE, RETAIN, TARGETS, StreamingAUC, roc_auc
 from lacuna_metrics.checkpoints import Checkpoint, CheckpointError, prefetched, release_memory
+from lacuna_metrics.kernels import categorize, pair_statistics, stable_order
 from lacuna_metrics.masks import MaskError, MaskReader, component, layer_index
 
 __all__ = [
@@ -95,13 +103,12 @@ class LocalizationConfig:
     composite: bool = True
     bins_bits: int = 20  # histogram resolution once more than exact_limit scalars were seen
     exact_limit: int = 1 << 22
-    group_bins_bits: int = 16  # per-(layer, component) AUCs
-    group_exact_limit: int = 1 << 18
     precision_fractions: tuple[float, ...] = (0.001, 0.01, 0.05, 0.1)
     composite_samples: int = 2_000_000
     composite_folds: int = 5
     seed: int = 42
     block_elems: int = 1 << 20  # scalars per read block: larger blocks fragment the heap (peak RSS)
+    threads: int = max(1, min(4, os.cpu_count() or 1))  # histogram updates of different scores in parallel
     eps: float = 1e-10
     roc_points: int = 128
 
@@ -126,23 +133,14 @@ class _GroupStats:
 def within_tensor_quantile(delta: torch.Tensor) -> torch.Tensor:
     """Order of spec §1.10's ``qtile``: ``order[r]`` is the flat index of the scalar of rank ``r``.
 
-    Ranks come from a stable argsort (ties keep index order): keys and indices are packed into one
-    uint64 and sorted in place. ``qtile = r / (n − 1)`` follows from the rank (see :func:`qtile_values`).
+    Ranks come from a stable argsort (ties keep index order), a radix sort of the scores' order-preserving
+    keys (:func:`lacuna_metrics.kernels.stable_order`). ``qtile = r / (n − 1)`` follows from the rank
+    (see :func:`qtile_values`).
     """
-    flat = delta.reshape(-1)
-    n = flat.numel()
-    if n >= 1 << 32:
-        raise ValueError(f"tensor of {n} scalars is too large for the packed stable sort")
-    packed = signed_keys(flat).numpy().astype(np.int64)
-    packed += 1 << 31  # now in [0, 2**32): as uint64 the same bits, and room for the index below
-    packed = packed.view(np.uint64)
-    packed <<= np.uint64(32)
-    step = 1 << 22
-    for start in range(0, n, step):  # in slices: no second n-sized temporary
-        packed[start : start + step] |= np.arange(start, min(n, start + step), dtype=np.uint64)
-    packed.sort()
-    packed &= np.uint64(0xFFFFFFFF)
-    return torch.from_numpy(packed.view(np.int64))
+    flat = delta.reshape(-1).to(torch.float32).contiguous()
+    if flat.numel() >= 1 << 32:
+        raise ValueError(f"tensor of {flat.numel()} scalars is too large for the 32-bit radix sort")
+    return torch.from_numpy(stable_order(flat.numpy()).astype(np.int64))
 
 
 def qtile_values(start: int, stop: int, n: int) -> torch.Tensor:
@@ -171,7 +169,7 @@ def score_block(
     out: dict[str, torch.Tensor] = {}
     want = set(wanted)
     d = u - o
-    delta = d.abs()
+    delta = d.abs() if base is not None else d.abs_()  # d itself is only needed by the base scores
     if "raw" in want:
         out["raw"] = delta
     if "layernorm" in want:
@@ -208,10 +206,10 @@ def score_block(
 
 def categories(packed: torch.Tensor, forget_bits: int, retain_bits: int) -> torch.Tensor:
     """uint8 category per scalar: FORGET if any forget bit, else RETAIN if any retain bit, else OUTSIDE."""
-    cat = torch.full(packed.shape, OUTSIDE, dtype=torch.uint8)
-    cat[(packed & retain_bits) != 0] = RETAIN
-    cat[(packed & forget_bits) != 0] = FORGET
-    return cat.reshape(-1)
+    flat = packed.reshape(-1).to(torch.int32).contiguous()
+    out = torch.empty(flat.numel(), dtype=torch.uint8)
+    categorize(flat.numpy(), np.int32(forget_bits), np.int32(retain_bits), out.numpy())
+    return out
 
 
 PairHook = Callable[[str, torch.Tensor, torch.Tensor], None]
@@ -255,10 +253,12 @@ class Localization:
         self.candidates = self._candidates()
         cfg = self.config
         self._acc = {s: StreamingAUC(cfg.bins_bits, cfg.exact_limit) for s in (*self.scores, *self.baselines)}
+        self._group_acc = StreamingAUC(cfg.bins_bits, cfg.exact_limit)  # reset for every (layer, component)
         self._group_auc: dict[tuple[int, str], dict[str, Any]] = {}  # per-group AUCs, kept as numbers
         self._group_stats: dict[tuple[int, str], _GroupStats] = {}
         self._group_tensors: dict[tuple[int, str], list[str]] = {}
         self._universe: list[str] = []
+        self._control_mean: dict[str, float] = {}  # mean control δ′ per tensor of the current group
         self._counts = [0, 0, 0]
         self._features: list[np.ndarray] = []
         self._feature_cats: list[np.ndarray] = []
@@ -353,6 +353,10 @@ class Localization:
 
     def run(self, on_pair: PairHook | None = None, progress: Callable[[int], None] | None = None) -> dict[str, Any]:
         """Stream all tensors; return the localization section of the score JSON."""
+        with ThreadPoolExecutor(max_workers=self.config.threads, thread_name_prefix="lacuna-auc") as self._pool:
+            return self._run(on_pair, progress)
+
+    def _run(self, on_pair: PairHook | None, progress: Callable[[int], None] | None) -> dict[str, Any]:
         for key, names in self._units():
             if key is None:
                 for name, _s, _e, b in self._blocks(names, universe=False):
@@ -361,51 +365,71 @@ class Localization:
                     if progress is not None:
                         progress(b["before"].numel())
                 continue
-            members, cats = self._first_pass(key, names, on_pair, progress)
-            if members:
-                self._second_pass(key, members, cats)
-            del cats
+            members = [n for n in names if n in self._members]
+            per_tensor: dict[str, dict[str, Any]] = {}
+            if self.one_pass:  # no score normalises by group statistics: score while reading
+                blocks = self._with_stats(self._blocks(names, universe=True), per_tensor, None, on_pair, progress)
+                self._score_group(key, ((n, s, e, b, c) for n, s, e, b, c in blocks if n in self._members))
+                self._finish_group(key, members, per_tensor)
+            else:
+                cats: dict[str, list[torch.Tensor]] = {}
+                for _ in self._with_stats(self._blocks(names, universe=True), per_tensor, cats, on_pair, progress):
+                    pass
+                self._finish_group(key, members, per_tensor)
+                if members:
+                    joined = {n: torch.cat(cats.pop(n)) for n in members}
+                    self._score_group(key, self._reread(members, joined))
+                    del joined
+                cats.clear()
             release_memory()
         return self._results()
 
-    def _first_pass(
+    @property
+    def one_pass(self) -> bool:
+        """True when no requested score or composite feature needs a group statistic (σ, mean control δ′)."""
+        wanted = {*self.scores, *self.composite_features()}
+        return not wanted & {"layernorm", "contrastln", "compnorm"}
+
+    def _with_stats(
         self,
-        key: tuple[int, str],
-        names: list[str],
+        blocks: Iterator[tuple[str, int, int, dict[str, torch.Tensor]]],
+        per_tensor: dict[str, dict[str, Any]],
+        keep_cats: dict[str, list[torch.Tensor]] | None,
         on_pair: PairHook | None,
         progress: Callable[[int], None] | None,
-    ) -> tuple[list[str], dict[str, torch.Tensor]]:
-        per_tensor: dict[str, dict[str, Any]] = {}
-        cats: dict[str, list[torch.Tensor]] = {}
-        for name, _s, _e, b in self._blocks(names, universe=True):
+    ) -> Iterator[tuple[str, int, int, dict[str, torch.Tensor], torch.Tensor]]:
+        """Pass blocks through, adding each one's categories and sums to ``per_tensor`` (and ``keep_cats``)."""
+        for name, start, stop, b in blocks:
             o, u = b["before"], b["after"]
             if on_pair is not None:
                 on_pair(name, o, u)
             if progress is not None:
                 progress(o.numel())
             cat = categories(b["mask"], self.masks.forget_bits, self.masks.retain_bits)
-            cats.setdefault(name, []).append(cat)
+            if keep_cats is not None:
+                keep_cats.setdefault(name, []).append(cat)
             t = per_tensor.setdefault(
                 name, {"n": 0, "d": [0.0, 0.0], "c": [0.0, 0.0], "dc": 0.0, "e": [0.0] * 3, "k": [0] * 3}
             )
-            d = (u - o).reshape(-1).double()
-            delta = d.abs()
-            t["n"] += delta.numel()
-            t["d"][0] += float(delta.sum())
-            t["d"][1] += float((delta * delta).sum())
-            per_cat = cat.to(torch.int64)
-            energy = torch.bincount(per_cat, weights=d * d, minlength=3)
-            count = torch.bincount(per_cat, minlength=3)
+            sums = np.zeros(8)  # Σ|δ|, Σδ², ΣΔ² per category, count per category
+            pair_statistics(o.reshape(-1).contiguous().numpy(), u.reshape(-1).contiguous().numpy(), cat.numpy(), sums)
+            t["n"] += cat.numel()
+            t["d"][0] += float(sums[0])
+            t["d"][1] += float(sums[1])
             for c in (OUTSIDE, RETAIN, FORGET):
-                t["e"][c] += float(energy[c])
-                t["k"][c] += int(count[c])
+                t["e"][c] += float(sums[2 + c])
+                t["k"][c] += int(sums[5 + c])
             if "control_before" in b:
+                delta = (u - o).reshape(-1).double().abs()
                 dc = (b["control_after"] - b["control_before"]).reshape(-1).double().abs()
                 contrast = delta - dc
                 t["dc"] += float(dc.sum())
                 t["c"][0] += float(contrast.sum())
                 t["c"][1] += float((contrast * contrast).sum())
-        members = [n for n in names if n in self._members]
+            yield name, start, stop, b, cat
+
+    def _finish_group(self, key: tuple[int, str], members: list[str], per_tensor: dict[str, dict[str, Any]]) -> None:
+        """Fold the group's per-tensor sums into its statistics and the universe counts."""
         stats = _GroupStats()
         for n in members:
             t = per_tensor[n]
@@ -421,33 +445,50 @@ class Localization:
             self._group_tensors[key] = members
             self._universe.extend(members)
         self._control_mean = {n: per_tensor[n]["dc"] / max(1, per_tensor[n]["n"]) for n in members}
-        return members, {n: torch.cat(cats[n]) for n in members}
 
-    def _second_pass(self, key: tuple[int, str], members: list[str], cats: dict[str, torch.Tensor]) -> None:
+    def _reread(
+        self, members: list[str], cats: dict[str, torch.Tensor]
+    ) -> Iterator[tuple[str, int, int, dict[str, torch.Tensor], torch.Tensor]]:
+        """Second pass over the group's members (now in the page cache) with the categories of the first."""
+        for name, start, stop, b in self._blocks(members, universe=True):
+            shape = self.before.shape(name)
+            row = math.prod(shape[1:]) if len(shape) > 1 else 1
+            yield name, start, stop, b, cats[name][start * row : stop * row]
+
+    def _score_group(
+        self, key: tuple[int, str], blocks: Iterator[tuple[str, int, int, dict[str, torch.Tensor], torch.Tensor]]
+    ) -> None:
+        """Feed every score's accumulators from the group's member blocks (in tensor order)."""
         cfg = self.config
-        stats = self._group_stats[key]
-        sigma, sigma_c = stats.sigma("delta"), stats.sigma("contrast")
-        group_acc = StreamingAUC(cfg.group_bins_bits, cfg.group_exact_limit)  # dropped when the group is done
+        stats = self._group_stats.get(key)
+        sigma = stats.sigma("delta") if stats is not None else 0.0  # two-pass mode only: one pass needs no σ
+        sigma_c = stats.sigma("contrast") if stats is not None else 0.0
+        # the per-layer score goes to a group accumulator that is then merged into the universe's one
+        group_acc = self._group_acc
+        group_acc.reset()
+        per_layer = self.per_layer_score
         wanted = [s for s in (*self.scores, *self.baselines) if s in _ELEMENTWISE or s in BASELINES]
         feature_names = self.composite_features()
         need_full = "qtile" in self.scores
         current: str | None = None
         full: dict[str, torch.Tensor] = {}
+        tensor_cats: list[torch.Tensor] = []
         sample: np.ndarray = np.zeros(0, dtype=np.int64)
-        for name, start, stop, b in self._blocks(members, universe=True):
+        for name, start, stop, b, cat in blocks:
             if name != current:
                 if current is not None:
-                    self._finish_tensor(current, full, cats[current], group_acc)
-                current, full = name, {}
-                numel = cats[name].numel()
+                    self._finish_tensor(current, full, torch.cat(tensor_cats), group_acc)
+                current, full, tensor_cats = name, {}, []
+                numel = self.masks.numel(name)
                 if need_full:
                     full["delta"] = torch.empty(numel, dtype=torch.float32)
                 for i in range(len(self.crossfield)):
                     full[f"crossfield{i}"] = torch.empty(numel, dtype=torch.float32)
                 sample = self._sample_indices(numel)
-            row = int(np.prod(self.before.shape(name)[1:])) if len(self.before.shape(name)) > 1 else 1
+            tensor_cats.append(cat)
+            shape = self.before.shape(name)
+            row = math.prod(shape[1:]) if len(shape) > 1 else 1
             lo, hi = start * row, stop * row
-            cat = cats[name][lo:hi]
             o, u = b["before"].reshape(-1), b["after"].reshape(-1)
             control = (
                 (b["control_before"].reshape(-1), b["control_after"].reshape(-1)) if "control_before" in b else None
@@ -463,10 +504,10 @@ class Localization:
                 eps=cfg.eps,
                 wanted=wanted + [f for f in feature_names if f not in wanted],
             )
-            for s in wanted:
-                self._acc[s].add(scores[s], cat)
-            if self.per_layer_score == "raw":
-                group_acc.add(scores["raw"] if "raw" in scores else (u - o).abs(), cat)
+            feeds = [(self._acc[s], scores[s]) for s in wanted if s != per_layer]
+            if per_layer == "raw":
+                feeds.append((group_acc, scores["raw"] if "raw" in scores else (u - o).abs()))
+            pending = [self._pool.submit(acc.add, values, cat) for acc, values in feeds]  # compiled, GIL-free
             if "delta" in full:
                 full["delta"][lo:hi] = scores["raw"] if "raw" in scores else (u - o).abs()
             for i in range(len(self.crossfield)):
@@ -477,10 +518,14 @@ class Localization:
                     idx = torch.from_numpy(picked)
                     self._features.append(np.stack([scores[f][idx].double().numpy() for f in feature_names], axis=1))
                     self._feature_cats.append(cat[idx].numpy())
+            for future in pending:
+                future.result()  # each accumulator is fed by one task per block, in block order
         if current is not None:
-            self._finish_tensor(current, full, cats[current], group_acc)
+            self._finish_tensor(current, full, torch.cat(tensor_cats), group_acc)
         results = {t: group_acc.result(t) for t in TARGETS}
         self._group_auc[key] = {t: (r.value, r.error_bound) for t, r in results.items()}
+        if per_layer in self._acc:
+            group_acc.merge_into(self._acc[per_layer])
 
     def _finish_tensor(
         self, name: str, full: dict[str, torch.Tensor], cat: torch.Tensor, group_acc: StreamingAUC
@@ -488,13 +533,13 @@ class Localization:
         """Whole-tensor scores: qtile (and the per-group AUC on it) and crossfield."""
         n, step = cat.numel(), self.config.block_elems
         if "delta" in full:
-            order = within_tensor_quantile(full.pop("delta"))
-            for start in range(0, n, step):
-                values, sorted_cats = qtile_values(start, min(n, start + step), n), cat[order[start : start + step]]
-                self._acc["qtile"].add(values, sorted_cats)
-                if self.per_layer_score == "qtile":
-                    group_acc.add(values, sorted_cats)
+            order = stable_order(full.pop("delta").numpy())
+            ranked = torch.from_numpy(cat.numpy()[order])  # categories in rank order
             del order
+            qtile_acc = group_acc if self.per_layer_score == "qtile" else self._acc["qtile"]
+            for start in range(0, n, step):
+                qtile_acc.add_ranked(start, ranked[start : start + step], n)
+            del ranked
             release_memory()
         if "crossfield" in self._acc:
             crossed = torch.full((n,), float("inf"))
@@ -605,6 +650,7 @@ class Localization:
         names = self.composite_features()
         if not names or not self._features:
             return None
+        from joblib import parallel_backend
         from sklearn.linear_model import LogisticRegression
         from sklearn.model_selection import StratifiedKFold, cross_val_predict
         from sklearn.pipeline import make_pipeline
@@ -626,7 +672,8 @@ class Localization:
                 continue
             model = make_pipeline(StandardScaler(), LogisticRegression(C=1.0, solver="lbfgs", max_iter=1000))
             cv = StratifiedKFold(n_splits=self.config.composite_folds)
-            proba = cross_val_predict(model, x[keep], y, cv=cv, method="predict_proba")[:, 1]
+            with parallel_backend("threading", n_jobs=self.config.threads):  # folds in parallel, same result
+                proba = cross_val_predict(model, x[keep], y, cv=cv, method="predict_proba")[:, 1]
             out["auc"][target] = roc_auc(proba, y)
         return out
 

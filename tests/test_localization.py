@@ -419,7 +419,7 @@ def test_universe_counts_and_exclusions(full_run):
 def test_histogram_mode_within_reported_error_bound(tmp_path):
     bench = make_bench(tmp_path, seed=5)
     ref = reference(bench)
-    cfg = LocalizationConfig(exact_limit=300, bins_bits=8, composite=False, group_exact_limit=100, group_bins_bits=8)
+    cfg = LocalizationConfig(exact_limit=300, bins_bits=8, composite=False)
     result = bench.run(cfg)
     bounds = []
     for target in TARGET_CLASSES:

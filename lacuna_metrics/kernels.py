@@ -1,0 +1,231 @@
+"""Compiled (numba) inner loops of the scorer: one pass per block instead of one torch pass per operation.
+
+Why: the localization walk touches every scalar of the universe several times (categories, group
+statistics, one histogram update per score, a within-tensor sort for ``qtile``). Written as torch/numpy
+array operations each step is a separate pass over memory with int64 temporaries; fused here they cost a
+few nanoseconds per scalar. Every kernel has a plain-numpy definition it must match (``tests/test_kernels.py``),
+and releases the GIL so block reading (another thread) overlaps with it.
+
+Keys: a float32 score maps to the int32 ``key`` that orders like the float (−0 and +0 equal), exactly as
+:func:`lacuna_metrics.auc.signed_keys`; histogram bin = ``(key >> shift) + 2**(bits − 1)``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+#: Let LLVM reorder float sums (vectorised reductions) without assuming finite inputs (``fastmath=True`` would).
+_REORDER = {"reassoc", "nsz", "contract"}
+
+__all__ = [
+    "categorize",
+    "clear_bins",
+    "count_nonfinite",
+    "diff_square_sums",
+    "histogram_add",
+    "merge_bins",
+    "occupied_bins",
+    "pair_statistics",
+    "qtile_histogram_add",
+    "stable_order",
+]
+
+
+@njit(nogil=True, cache=True)
+def histogram_add(scores, cats, shift, half, counts, off_edge, low_min, low_max):  # pragma: no cover - compiled
+    """Add float32 ``scores`` with uint8 ``cats`` to the histogram.
+
+    Returns −1, or the index ``i`` of the first NaN, or ``−2 − i`` for the first category code above 2.
+
+    ``counts[bin * 3 + cat]`` counts scalars; for keys off their bin's lower edge (nonzero low-order
+    bits) ``off_edge`` counts them and ``low_min``/``low_max`` keep their smallest/largest low bits per bin.
+    A block with a NaN is not added at all.
+    """
+    bits = scores.view(np.int32)
+    low_mask = np.int32((1 << shift) - 1)
+    for i in range(bits.size):  # first, so that a rejected block leaves no trace
+        if (bits[i] & 0x7FFFFFFF) > 0x7F800000:
+            return i
+    for i in range(cats.size):
+        if cats[i] > 2:
+            return -2 - i
+    for i in range(bits.size):
+        k = bits[i]
+        if k == -2147483648:  # -0.0 counts as +0.0
+            k = 0
+        k = k ^ ((k >> 31) & 0x7FFFFFFF)
+        b = (k >> shift) + half
+        idx = b * 3 + cats[i]
+        counts[idx] += 1
+        low = k & low_mask
+        if low != 0:
+            off_edge[idx] += 1
+            if low < low_min[b]:
+                low_min[b] = low
+            if low > low_max[b]:
+                low_max[b] = low
+    return -1
+
+
+@njit(nogil=True, cache=True)
+def occupied_bins(counts):  # pragma: no cover - compiled
+    """Ascending indices of the bins of a ``[bins * 3]`` count array holding at least one scalar."""
+    n_bins = counts.size // 3
+    occupied = 0
+    for b in range(n_bins):
+        occupied += (counts[3 * b] | counts[3 * b + 1] | counts[3 * b + 2]) != 0
+    out = np.empty(occupied, dtype=np.int64)
+    j = 0
+    for b in range(n_bins):
+        if (counts[3 * b] | counts[3 * b + 1] | counts[3 * b + 2]) != 0:
+            out[j] = b
+            j += 1
+    return out
+
+
+@njit(nogil=True, cache=True)
+def merge_bins(
+    occupied, counts, off_edge, low_min, low_max, into_counts, into_off_edge, into_low_min, into_low_max
+):  # pragma: no cover
+    """Add the histogram (counts, off-edge counts, low-bit extremes) of the ``occupied`` bins into another."""
+    for b in occupied:
+        for c in range(3):
+            into_counts[3 * b + c] += counts[3 * b + c]
+            into_off_edge[3 * b + c] += off_edge[3 * b + c]
+        into_low_min[b] = min(into_low_min[b], low_min[b])
+        into_low_max[b] = max(into_low_max[b], low_max[b])
+
+
+@njit(nogil=True, cache=True)
+def clear_bins(occupied, counts, off_edge, low_min, low_max, low_empty):  # pragma: no cover - compiled
+    """Reset the ``occupied`` bins to empty (the rest already are): reuse a histogram without reallocating it."""
+    for b in occupied:
+        for c in range(3):
+            counts[3 * b + c] = 0
+            off_edge[3 * b + c] = 0
+        low_min[b] = low_empty
+        low_max[b] = -1
+
+
+@njit(nogil=True, cache=True)
+def qtile_histogram_add(start, sorted_cats, n, shift, half, counts, off_edge, low_min, low_max):  # pragma: no cover
+    """Add ``qtile = float32(r / (n − 1))`` for ranks ``r = start + i`` with categories ``sorted_cats[i]``."""
+    denom = np.float64(max(1, n - 1))
+    chunk = 4096
+    buf = np.empty(chunk, dtype=np.float32)
+    for lo in range(0, sorted_cats.size, chunk):
+        hi = min(sorted_cats.size, lo + chunk)
+        for i in range(lo, hi):
+            buf[i - lo] = np.float32(np.float64(start + i) / denom)
+        histogram_add(buf[: hi - lo], sorted_cats[lo:hi], shift, half, counts, off_edge, low_min, low_max)
+
+
+@njit(nogil=True, cache=True)
+def count_nonfinite(values):  # pragma: no cover - compiled
+    """Number of NaN/±inf entries of a float32 array (exponent bits all set), vectorised."""
+    bits = values.view(np.int32)
+    bad = 0
+    for i in range(bits.size):
+        bad += (bits[i] & 0x7F800000) == 0x7F800000
+    return bad
+
+
+@njit(nogil=True, cache=True)
+def categorize(packed, forget_bits, retain_bits, out):  # pragma: no cover - compiled
+    """uint8 category per scalar: 2 (FORGET) if any forget bit, else 1 (RETAIN) if any retain bit, else 0."""
+    for i in range(packed.size):
+        m = packed[i]
+        is_forget = np.uint8((m & forget_bits) != 0)
+        is_retain = np.uint8((m & retain_bits) != 0)
+        out[i] = is_forget + is_forget + (is_retain & (np.uint8(1) - is_forget))
+
+
+@njit(nogil=True, cache=True, fastmath=_REORDER)
+def pair_statistics(before, after, cats, out):  # pragma: no cover - compiled
+    """Add to ``out`` (float64[8]): Σ|δ|, Σδ², ΣΔ² per category (3), count per category (3); δ = after − before
+    rounded to float32 (as the torch reference), accumulated in float64."""
+    s_abs = 0.0
+    s_sq = 0.0
+    e_outside = 0.0
+    e_retain = 0.0
+    e_forget = 0.0
+    n_retain = 0
+    n_forget = 0
+    for i in range(before.size):
+        d = np.float64(after[i] - before[i])
+        sq = d * d
+        s_abs += abs(d)
+        s_sq += sq
+        c = cats[i]
+        is_retain = c == 1
+        is_forget = c == 2
+        e_retain += sq if is_retain else 0.0
+        e_forget += sq if is_forget else 0.0
+        e_outside += sq if c == 0 else 0.0
+        n_retain += is_retain
+        n_forget += is_forget
+    out[0] += s_abs
+    out[1] += s_sq
+    out[2] += e_outside
+    out[3] += e_retain
+    out[4] += e_forget
+    out[5] += before.size - n_retain - n_forget
+    out[6] += n_retain
+    out[7] += n_forget
+
+
+@njit(nogil=True, cache=True, fastmath=_REORDER)
+def diff_square_sums(before, after):  # pragma: no cover - compiled
+    """(Σ (after − before)², Σ before²) in float64, the difference taken exactly in float64."""
+    d_sq = 0.0
+    w_sq = 0.0
+    for i in range(before.size):
+        w = np.float64(before[i])
+        d = np.float64(after[i]) - w
+        d_sq += d * d
+        w_sq += w * w
+    return d_sq, w_sq
+
+
+@njit(nogil=True, cache=True)
+def stable_order(scores):  # pragma: no cover - compiled
+    """Stable argsort of float32 ``scores`` (ties keep index order): LSD radix sort, two 16-bit passes.
+
+    Returns uint32 indices (tensors of at most 2**32 scalars); about 10 ns per scalar here, vs about
+    100 ns for numpy's sort of packed (key, index) uint64 pairs. NaN has no rank here (its raw bits
+    decide); the scorer never passes one, since checkpoint reads reject non-finite weights.
+    """
+    n = scores.size
+    bits = scores.view(np.int32)
+    keys = np.empty(n, dtype=np.uint32)
+    counts = np.zeros(65537, dtype=np.int64)
+    for i in range(n):
+        k = bits[i]
+        if k == -2147483648:  # -0.0 sorts with +0.0
+            k = 0
+        key = np.uint32(np.int64(k ^ ((k >> 31) & 0x7FFFFFFF)) + 2147483648)
+        keys[i] = key
+        counts[(key & 0xFFFF) + 1] += 1
+    for b in range(65536):
+        counts[b + 1] += counts[b]
+    high = np.empty(n, dtype=np.uint16)  # pass 1, by the low 16 bits: carry the high half and the index
+    first = np.empty(n, dtype=np.uint32)
+    for i in range(n):
+        b = keys[i] & 0xFFFF
+        j = counts[b]
+        counts[b] = j + 1
+        high[j] = keys[i] >> 16
+        first[j] = i
+    counts[:] = 0
+    for i in range(n):
+        counts[np.int64(high[i]) + 1] += 1
+    for b in range(65536):
+        counts[b + 1] += counts[b]
+    order = keys  # reuse: pass 2, by the high 16 bits (stable, so ties keep pass-1 order)
+    for i in range(n):
+        b = np.int64(high[i])
+        j = counts[b]
+        counts[b] = j + 1
+        order[j] = first[i]
+    return order
