@@ -31,7 +31,7 @@ import torch
 
 from lacuna_metrics.auc import FORGET, OUTSIDE, RETAIN, TARGETS, StreamingAUC, roc_auc
 from lacuna_metrics.checkpoints import Checkpoint, CheckpointError, prefetched, release_memory
-from lacuna_metrics.kernels import categorize, pair_statistics, stable_order
+from lacuna_metrics.kernels import categorize, pair_statistics, rank_categories, stable_order
 from lacuna_metrics.masks import MaskError, MaskReader, component, layer_index
 
 __all__ = [
@@ -513,7 +513,7 @@ class Localization:
             for i in range(len(self.crossfield)):
                 full[f"crossfield{i}"][lo:hi] = (b[f"crossfield{i}"].reshape(-1) - o).abs()
             if feature_names and sample.size:
-                picked = sample[(sample >= lo) & (sample < hi)] - lo
+                picked = sample[np.searchsorted(sample, lo) : np.searchsorted(sample, hi)] - lo  # sample is sorted
                 if picked.size:
                     idx = torch.from_numpy(picked)
                     self._features.append(np.stack([scores[f][idx].double().numpy() for f in feature_names], axis=1))
@@ -533,9 +533,7 @@ class Localization:
         """Whole-tensor scores: qtile (and the per-group AUC on it) and crossfield."""
         n, step = cat.numel(), self.config.block_elems
         if "delta" in full:
-            order = stable_order(full.pop("delta").numpy())
-            ranked = torch.from_numpy(cat.numpy()[order])  # categories in rank order
-            del order
+            ranked = torch.from_numpy(rank_categories(full.pop("delta").numpy(), cat.numpy()))  # cats by rank
             qtile_acc = group_acc if self.per_layer_score == "qtile" else self._acc["qtile"]
             for start in range(0, n, step):
                 qtile_acc.add_ranked(start, ranked[start : start + step], n)
