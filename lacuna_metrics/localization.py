@@ -109,6 +109,11 @@ class LocalizationConfig:
     seed: int = 42
     block_elems: int = 1 << 20  # scalars per read block: larger blocks fragment the heap (peak RSS)
     threads: int = max(1, min(4, os.cpu_count() or 1))  # histogram updates of different scores in parallel
+
+    def __post_init__(self) -> None:
+        if self.threads < 1:
+            raise ValueError(f"threads must be >= 1, got {self.threads}")
+
     eps: float = 1e-10
     roc_points: int = 128
 
@@ -618,6 +623,7 @@ class Localization:
                 "per_layer_score": self.per_layer_score,
                 "sigma": "population std (ddof=0) over the (layer, component) group",
                 "crossfield_runs": len(self.crossfield),
+                "passes_per_group": 1 if self.one_pass else 2,
             },
         }
 

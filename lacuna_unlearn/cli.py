@@ -74,6 +74,7 @@ def _score(args: argparse.Namespace) -> int:
         bins_bits=args.bins_bits,
         exact_limit=args.exact_limit,
         seed=args.seed,
+        **({"threads": args.threads} if args.threads is not None else {}),
     )
     out = args.out or str(Path(args.after) / "lacuna_score")
     written = score_to_dir(
@@ -293,6 +294,9 @@ def build_parser() -> argparse.ArgumentParser:
     score.add_argument("--bins-bits", type=int, default=20, help="histogram resolution beyond --exact-limit")
     score.add_argument("--exact-limit", type=int, default=1 << 22, help="scalars scored exactly in memory per score")
     score.add_argument("--seed", type=int, default=42)
+    score.add_argument(
+        "--threads", type=int, help="threads for histogram updates and composite folds (default: CPUs, at most 4)"
+    )
     score.add_argument("--out", help="output directory (default: AFTER/lacuna_score)")
     score.add_argument("--plots", action="store_true", help="also write plots/roc.png and plots/layers.png")
     score.add_argument("--quiet", action="store_true", help="no progress bar")

@@ -751,6 +751,23 @@ def test_raw_only_config(full_run):
         assert res["auc"][target]["best"] == {"score": "raw", "value": res["auc"][target]["raw"]}
 
 
+def test_one_pass_and_threads_do_not_change_results(full_run):
+    """raw + qtile needs no group statistic, so it is scored in one pass; the thread count changes nothing."""
+    bench, ref, full = full_run
+    one = bench.run(LocalizationConfig(scores=("raw", "qtile"), threads=1))
+    many = bench.run(LocalizationConfig(scores=("raw", "qtile"), threads=3))
+    assert one["settings"]["passes_per_group"] == 1 and full["settings"]["passes_per_group"] == 2
+    for key in ("auc", "auc_error_bound", "precision_at_k", "baselines", "per_layer", "universe", "roc"):
+        assert one[key] == many[key], key
+    for target in TARGET_CLASSES:
+        for s in ("raw", "qtile"):
+            assert one["auc"][target][s] == full["auc"][target][s], (target, s)
+    for a, b in zip(one["per_layer"], full["per_layer"], strict=True):  # full_run sums in 50-scalar blocks
+        assert a["update_mass"] == pytest.approx(b["update_mass"], rel=1e-12)
+    with pytest.raises(ValueError, match="threads"):
+        LocalizationConfig(threads=0)
+
+
 def test_missing_inputs_are_not_applicable(full_run):
     bench, ref, _ = full_run
     res = bench.run(LocalizationConfig(composite=False), base=False, control=False, crossfield=("cf0",))
