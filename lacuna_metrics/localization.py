@@ -578,15 +578,23 @@ class Localization:
         precision: dict[str, dict[str, Any]] = {}
         baselines: dict[str, dict[str, float | None]] = {}
         roc: dict[str, dict[str, Any]] = {}
+        results = {(s, t): acc.result(t) for s, acc in self._acc.items() for t in TARGETS}
+        precisions = {
+            (s, t): self._acc[s].precision_at(t, cfg.precision_fractions) for s in self.scores for t in TARGETS
+        }
+        curves = {(s, t): acc.roc_curve(t, cfg.roc_points) for s, acc in self._acc.items() for t in TARGETS}
+        # the histograms (tens of MB each) are summarised: free them before the composite's model fits
+        self._acc = {s: StreamingAUC(cfg.bins_bits, cfg.exact_limit) for s in self._acc}
+        self._group_acc = StreamingAUC(cfg.bins_bits, cfg.exact_limit)
+        release_memory()
         composite = self._composite()
         for target in TARGETS:
             auc[target], bounds[target], precision[target], roc[target] = {}, {}, {}, {}
             for s in self.scores:
-                r = self._acc[s].result(target)
-                auc[target][s] = r.value
-                bounds[target][s] = r.error_bound
-                precision[target][s] = self._acc[s].precision_at(target, cfg.precision_fractions)
-                roc[target][s] = self._acc[s].roc_curve(target, cfg.roc_points)
+                auc[target][s] = results[s, target].value
+                bounds[target][s] = results[s, target].error_bound
+                precision[target][s] = precisions[s, target]
+                roc[target][s] = curves[s, target]
             for s in self.not_applicable:
                 if s in SCORES:
                     auc[target][s] = None
@@ -595,10 +603,10 @@ class Localization:
             scored = {s: v for s, v in auc[target].items() if v is not None}
             best = max(scored, key=lambda s: scored[s]) if scored else None
             auc[target]["best"] = {"score": best, "value": scored[best] if best else None}
-            baselines[target] = {b: self._acc[b].result(target).value for b in self.baselines}
+            baselines[target] = {b: results[b, target].value for b in self.baselines}
             baselines[target].update({b: None for b in BASELINES if b in self.not_applicable})
             for b in self.baselines:
-                roc[target][b] = self._acc[b].roc_curve(target, cfg.roc_points)
+                roc[target][b] = curves[b, target]
         return {
             "auc": auc,
             "auc_error_bound": bounds,
