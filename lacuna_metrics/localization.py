@@ -217,6 +217,16 @@ def categories(packed: torch.Tensor, forget_bits: int, retain_bits: int) -> torc
     return out
 
 
+#: Also trim right after a tensor this large is ranked (its sort buffers are hundreds of MB). Trimming is
+#: not free: the next allocations fault their pages in again (~20% of a 2 GB pair's ``--scores raw`` time).
+TRIM_ABOVE_SCALARS = 1 << 25
+
+
+def _trim_after(numel: int) -> None:
+    if numel >= TRIM_ABOVE_SCALARS:
+        release_memory()
+
+
 PairHook = Callable[[str, torch.Tensor, torch.Tensor], None]
 
 
@@ -386,8 +396,15 @@ class Localization:
                     self._score_group(key, self._reread(members, joined))
                     del joined
                 cats.clear()
-            release_memory()
+            if self._whole_tensor_buffers:
+                release_memory()
         return self._results()
+
+    @property
+    def _whole_tensor_buffers(self) -> bool:
+        """Whether groups allocate tensor-sized buffers (categories kept for a second pass, qtile/crossfield
+        inputs): freed, they fragment the heap, so each group ends with a trim. Block buffers are just reused."""
+        return not self.one_pass or "qtile" in self.scores or "crossfield" in self.scores
 
     @property
     def one_pass(self) -> bool:
@@ -543,7 +560,7 @@ class Localization:
             for start in range(0, n, step):
                 qtile_acc.add_ranked(start, ranked[start : start + step], n)
             del ranked
-            release_memory()
+            _trim_after(n)
         if "crossfield" in self._acc:
             crossed = torch.full((n,), float("inf"))
             for i in range(len(self.crossfield)):
