@@ -149,18 +149,16 @@ class StreamingAUC:
         for s, c in zip(buffered, cats, strict=True):
             self._histogram(s, c)
 
+    def _arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """The spilled histogram as the kernels take it: counts, off-edge counts, low-bit minima and maxima."""
+        assert self._counts is not None and self._off_edge is not None
+        assert self._low_min is not None and self._low_max is not None
+        return self._counts.numpy(), self._off_edge.numpy(), self._low_min.numpy(), self._low_max.numpy()
+
     def _histogram(self, scores: torch.Tensor, cats: torch.Tensor) -> None:
-        assert self._counts is not None and self._low_min is not None and self._low_max is not None
-        assert self._off_edge is not None
+        half = 1 << (self.bits - 1)
         nan_at = histogram_add(
-            scores.contiguous().numpy(),
-            cats.contiguous().numpy(),
-            self._shift,
-            1 << (self.bits - 1),
-            self._counts.numpy(),
-            self._off_edge.numpy(),
-            self._low_min.numpy(),
-            self._low_max.numpy(),
+            scores.contiguous().numpy(), cats.contiguous().numpy(), self._shift, half, *self._arrays()
         )
         if nan_at >= 0:
             raise ValueError(f"scores contain NaN (at index {nan_at} of the block)")
@@ -177,29 +175,17 @@ class StreamingAUC:
             stop = start + sorted_cats.numel()
             self.add((torch.arange(start, stop, dtype=torch.float64) / max(1, n - 1)).to(torch.float32), sorted_cats)
             return
-        assert self._counts is not None and self._low_min is not None and self._low_max is not None
-        assert self._off_edge is not None
         self._bins = None
-        qtile_histogram_add(
-            start,
-            sorted_cats.contiguous().numpy(),
-            n,
-            self._shift,
-            1 << (self.bits - 1),
-            self._counts.numpy(),
-            self._off_edge.numpy(),
-            self._low_min.numpy(),
-            self._low_max.numpy(),
-        )
+        half = 1 << (self.bits - 1)
+        qtile_histogram_add(start, sorted_cats.contiguous().numpy(), n, self._shift, half, *self._arrays())
 
     def reset(self) -> None:
         """Forget every score seen, back to exact (buffering) mode; a spilled histogram's memory is cleared
         bin by occupied bin and kept for the next spill, so one accumulator serves many groups cheaply."""
         if self._counts is not None:
-            assert self._off_edge is not None and self._low_min is not None and self._low_max is not None
-            arrays = (self._counts, self._off_edge, self._low_min, self._low_max)
-            clear_bins(occupied_bins(self._counts.numpy()), *(t.numpy() for t in arrays), 1 << self._shift)
-            self._spare = arrays
+            arrays = self._arrays()
+            clear_bins(occupied_bins(arrays[0]), *arrays, 1 << self._shift)
+            self._spare = (self._counts, self._off_edge, self._low_min, self._low_max)
         self._counts = self._off_edge = self._low_min = self._low_max = None
         self._scores, self._cats, self._buffered, self._bins = [], [], 0, None
 
@@ -217,16 +203,9 @@ class StreamingAUC:
             return
         if other._scores is not None:  # this one spilled, so together they exceed the exact limit
             other._spill()
-        assert self._counts is not None and self._off_edge is not None
-        assert self._low_min is not None and self._low_max is not None
-        assert other._counts is not None and other._off_edge is not None
-        assert other._low_min is not None and other._low_max is not None
         other._bins = None
-        merge_bins(
-            occupied_bins(self._counts.numpy()),
-            *(t.numpy() for t in (self._counts, self._off_edge, self._low_min, self._low_max)),
-            *(t.numpy() for t in (other._counts, other._off_edge, other._low_min, other._low_max)),
-        )
+        mine = self._arrays()
+        merge_bins(occupied_bins(mine[0]), *mine, *other._arrays())
 
     def _binned(self) -> tuple[np.ndarray, np.ndarray]:
         """Per-bin category counts ``[bins, 3]`` in ascending score order, and per bin the counts of keys
