@@ -30,7 +30,8 @@ from lacuna_unlearn.unlearn_data import split_rows
 
 __all__ = ["SOURCES", "attack_rows", "holdout", "resurfacing_attack", "resurfacing", "unrelated_qa"]
 
-ATTACK_SCHEMA = {"name": "lacuna-bench/attack", "version": 1}
+#: v2: ``relearned`` is relative to attack.json's directory (v1 stored the absolute build path).
+ATTACK_SCHEMA = {"name": "lacuna-bench/attack", "version": 2}
 
 SOURCES = ("relearn_split", "retain", "forget", "forget_retain", "unrelated")
 
@@ -229,7 +230,7 @@ def resurfacing_attack(
             "field": field,
             "attempts": attempts,
             "model": str(model),
-            "relearned": str(out / "relearned"),
+            "relearned": "relearned",  # relative to this file: still true after OUT (or a parent) is moved
             **resurfacing(probes["unlearned"]["leaked"], probes["relearned"]["leaked"]),
             "leak_rate_unlearned": probes["unlearned"]["metrics"]["leak_rate"],
             "leak_rate_relearned": probes["relearned"]["metrics"]["leak_rate"],

@@ -173,7 +173,8 @@ def test_attack_end_to_end_on_the_smoke_testbed(smoke_testbed, tmp_path):
     )  # fmt: skip
     assert code == 0
     report = json.loads((out / "attack.json").read_text())
-    assert report["schema"] == {"name": "lacuna-bench/attack", "version": 1}
+    assert report["schema"] == {"name": "lacuna-bench/attack", "version": 2}
+    assert (out / report["relearned"] / "config.json").is_file()  # relative: valid wherever the directory moves
     assert report["success_at_n_relearned"] >= report["success_at_n_unlearned"]
     assert report["leak_rate_relearned"] > report["leak_rate_unlearned"]
     assert report["persons"] == len(report["per_person"]) > 0
