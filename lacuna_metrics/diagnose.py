@@ -670,7 +670,7 @@ def diagnose(
             "texts_fingerprint": _texts_fingerprint(texts),
             "versions": package_versions(),
             "hardware": hardware(),
-            "wall_time_s": round(time.time() - started, 3),
+            "wall_seconds": round(time.time() - started, 3),
         },
     }
     if out_dir is not None:

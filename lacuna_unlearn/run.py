@@ -271,7 +271,7 @@ def run_benchmark(
             u_key = u_stage.name
             entry: dict[str, Any] = {"overrides": extra, "model": str(model)}
             manifest = json.loads((model / "unlearn_manifest.json").read_text())
-            entry["unlearn_seconds"] = manifest.get("wall_seconds", manifest.get("wall_time_s"))
+            entry["unlearn_seconds"] = manifest.get("wall_seconds")
             entry["behaviour"] = _behaviour(
                 _eval_stage(stages, f"[{field}] evaluate {name}", model, {"model": u_key}, group, data, cfg), field
             )

@@ -331,7 +331,7 @@ def prune_from_activations(
         "seed": cfg.seed,
         "versions": package_versions(),
         "hardware": hardware(),
-        "wall_time_s": round(time.perf_counter() - started, 3),
+        "wall_seconds": round(time.perf_counter() - started, 3),
     }
     return publish_checkpoint(model, tokenizer, out, manifest)
 
