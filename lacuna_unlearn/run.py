@@ -17,11 +17,12 @@ import copy
 import hashlib
 import json
 import os
-import shutil
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
+
+from lacuna_unlearn.publish import building
 
 __all__ = ["DEFAULT_RUN", "RUN_SCHEMA", "load_run_config", "run_benchmark"]
 
@@ -147,19 +148,11 @@ class _Stages:
             self.log(f"{label}: cached ({final.name})")
             self.timings[label] = 0.0
             return final
-        partial = final.with_name(final.name + ".partial")
-        shutil.rmtree(partial, ignore_errors=True)
-        partial.mkdir(parents=True)
         started = time.time()
         self.log(f"{label}: running ...")
-        try:
+        with building(final) as partial:
             build(partial)
             (partial / "stage.json").write_text(json.dumps({"kind": kind, "inputs": inputs}, indent=2, default=str))
-            shutil.rmtree(final, ignore_errors=True)
-            partial.rename(final)
-        except BaseException:
-            shutil.rmtree(partial, ignore_errors=True)
-            raise
         self.timings[label] = round(time.time() - started, 1)
         self.log(f"{label}: done in {self.timings[label]:.0f} s")
         return final
