@@ -347,18 +347,30 @@ def run_from_config(
     data: Any = None,
 ) -> Path:
     """``lacuna-unlearn method=frp``: the forget/retain QA text is the calibration text (``method.args`` = FRPConfig)."""
+    return run_on_qa_rows("frp", FRPConfig, run_frp, model, forget_rows, retain_rows, out, args, seed=seed)
+
+
+def run_on_qa_rows(
+    method: str,
+    config_type: Callable[..., Any],
+    job: Callable[..., Path],
+    model: str | os.PathLike[str],
+    forget_rows: Sequence[Mapping[str, Any]],
+    retain_rows: Sequence[Mapping[str, Any]],
+    out: str | os.PathLike[str],
+    args: Mapping[str, Any],
+    *,
+    seed: int,
+) -> Path:
+    """The Hydra adapter of the activation-statistics pruners (FRP, Selective Pruning): ``method.args`` build
+    ``config_type``, and the forget/retain QA text is the calibration text, so both share cached statistics."""
     from lacuna_metrics.score import default_cache_dir
     from lacuna_tasks.prompts import qa_text
 
     try:
-        config = FRPConfig(**{"seed": seed, **args})
+        config = config_type(**{"seed": seed, **args})
     except TypeError as exc:
-        raise ValueError(f"method 'frp': {exc}") from None
-    return run_frp(
-        model,
-        [qa_text(r["question"], r["answer"]) for r in forget_rows],
-        [qa_text(r["question"], r["answer"]) for r in retain_rows],
-        out,
-        config,
-        cache_dir=default_cache_dir(),
-    )
+        raise ValueError(f"method {method!r}: {exc}") from None
+    forget = [qa_text(r["question"], r["answer"]) for r in forget_rows]
+    retain = [qa_text(r["question"], r["answer"]) for r in retain_rows]
+    return job(model, forget, retain, out, config, cache_dir=default_cache_dir())

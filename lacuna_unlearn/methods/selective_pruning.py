@@ -49,7 +49,7 @@ from typing import Any
 import torch
 
 from lacuna_metrics.activations import linear_weight_names, transposed_weight_names
-from lacuna_unlearn.methods.frp import _is_real, prune_from_activations
+from lacuna_unlearn.methods.frp import _is_real, prune_from_activations, run_on_qa_rows
 from lacuna_unlearn.methods.wagle import top_fraction_masks
 
 __all__ = [
@@ -257,18 +257,6 @@ def run_from_config(
 ) -> Path:
     """``lacuna-unlearn method=selective_pruning``: the forget/retain QA text is the calibration text, as FRP's
     (so both share the cached statistics); ``method.args`` = :class:`SPConfig`."""
-    from lacuna_metrics.score import default_cache_dir
-    from lacuna_tasks.prompts import qa_text
-
-    try:
-        config = SPConfig(**{"seed": seed, **args})
-    except TypeError as exc:
-        raise ValueError(f"method 'selective_pruning': {exc}") from None
-    return run_selective_pruning(
-        model,
-        [qa_text(r["question"], r["answer"]) for r in forget_rows],
-        [qa_text(r["question"], r["answer"]) for r in retain_rows],
-        out,
-        config,
-        cache_dir=default_cache_dir(),
+    return run_on_qa_rows(
+        "selective_pruning", SPConfig, run_selective_pruning, model, forget_rows, retain_rows, out, args, seed=seed
     )
