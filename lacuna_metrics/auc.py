@@ -65,6 +65,11 @@ def signed_keys(scores: torch.Tensor) -> torch.Tensor:
     return bits ^ ((bits >> 31) & 0x7FFFFFFF)
 
 
+def qtile_values(start: int, stop: int, n: int) -> torch.Tensor:
+    """``qtile`` of ranks ``[start, stop)`` in a tensor of ``n`` scalars: rank / (n − 1) as float32."""
+    return (torch.arange(start, stop, dtype=torch.float64) / max(1, n - 1)).to(torch.float32)
+
+
 @dataclass
 class AUCResult:
     """One ROC-AUC with a rigorous bound on its distance to the exact Mann-Whitney value."""
@@ -167,13 +172,13 @@ class StreamingAUC:
 
     def add_ranked(self, start: int, sorted_cats: torch.Tensor, n: int) -> None:
         """Add ``qtile`` scores ``r / (n − 1)`` (float32) of ranks ``r = start, start + 1, …`` whose categories
-        are ``sorted_cats``: what :func:`lacuna_metrics.localization.qtile_values` + :meth:`add` give, fused."""
+        are ``sorted_cats``: what :func:`qtile_values` + :meth:`add` give, fused."""
         sorted_cats = sorted_cats.reshape(-1).to(torch.uint8)
         if sorted_cats.numel() and int(sorted_cats.max()) > FORGET:
             raise ValueError(_BAD_CATEGORY.format(int(sorted_cats.max())))
         if self._scores is not None:
             stop = start + sorted_cats.numel()
-            self.add((torch.arange(start, stop, dtype=torch.float64) / max(1, n - 1)).to(torch.float32), sorted_cats)
+            self.add(qtile_values(start, stop, n), sorted_cats)
             return
         self._bins = None
         half = 1 << (self.bits - 1)

@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from lacuna_metrics.auc import FORGET, OUTSIDE, RETAIN, TARGETS, StreamingAUC, roc_auc
+from lacuna_metrics.auc import FORGET, OUTSIDE, RETAIN, TARGETS, StreamingAUC, qtile_values, roc_auc
 from lacuna_metrics.checkpoints import Checkpoint, CheckpointError, prefetched, release_memory
 from lacuna_metrics.kernels import categorize, pair_statistics, rank_categories, stable_order
 from lacuna_metrics.masks import MaskError, MaskReader, component, layer_index
@@ -146,11 +146,6 @@ def within_tensor_quantile(delta: torch.Tensor) -> torch.Tensor:
     if flat.numel() >= 1 << 32:
         raise ValueError(f"tensor of {flat.numel()} scalars is too large for the 32-bit radix sort")
     return torch.from_numpy(stable_order(flat.numpy()).astype(np.int64))
-
-
-def qtile_values(start: int, stop: int, n: int) -> torch.Tensor:
-    """``qtile`` of ranks ``[start, stop)`` in a tensor of ``n`` scalars: rank / (n − 1) as float32."""
-    return (torch.arange(start, stop, dtype=torch.float64) / max(1, n - 1)).to(torch.float32)
 
 
 def score_block(
