@@ -8,7 +8,8 @@ checkpoint) with LACUNA-style masks (six disjoint 5% groups per projection) and 
 the child's own:
 
 * ``read``: merely reading every tensor of both checkpoints in the scorer's blocks (the ratios' denominator:
-  the median of three cold reads), and ``read_with_masks``: the same plus the int32 masks the scorer must read;
+  the median of three cold reads), and ``read_with_masks``: the same plus the masks the scorer must read
+  (uint8 bit fields: six groups fit in a byte);
 * ``score``: ``score_pair`` with every score applicable to a pair (no FRAG: no tokenizer here),
   and ``score --scores raw`` (no composite), the cheapest configuration;
 * ``naive``: at ``--naive-gb``, loading both checkpoints whole, flattening the universe and calling
@@ -60,11 +61,12 @@ def generate(root: Path, gb: float, seed: int = 0) -> dict[str, Path]:
     """Write before/, after/ (sharded bf16) and masks.safetensors under ``root``; reuse them if present."""
     import torch
 
-    from lacuna_metrics.masks import MaskSet, component, save_masks
+    from lacuna_metrics.masks import FORMAT_VERSION, MaskSet, component, save_masks
 
     done = root / "done.json"
     paths = {"before": root / "before", "after": root / "after", "masks": root / "masks.safetensors"}
-    if done.is_file() and json.loads(done.read_text()).get("gb") == gb:
+    stamp = {"gb": gb, "masks_version": FORMAT_VERSION}
+    if done.is_file() and json.loads(done.read_text()) == stamp:
         return paths
     gen = torch.Generator().manual_seed(seed)
     masks: dict[str, torch.Tensor] = {}
@@ -86,7 +88,7 @@ def generate(root: Path, gb: float, seed: int = 0) -> dict[str, Path]:
         writer.close()
         (paths[label] / "config.json").write_text(json.dumps({"tie_word_embeddings": False}))
     save_masks(MaskSet(packed=masks, num_groups=6), paths["masks"])
-    done.write_text(json.dumps({"gb": gb}))
+    done.write_text(json.dumps(stamp))
     return paths
 
 

@@ -45,6 +45,8 @@ _SAFETENSORS_DTYPES: dict[str, torch.dtype] = {
     "F64": torch.float64,
     "I32": torch.int32,  # mask files
 }
+#: Also read by mask files (``Checkpoint(..., masks=True)``): the uint8 bit fields of up to 8 groups.
+_MASK_DTYPES: dict[str, torch.dtype] = {**_SAFETENSORS_DTYPES, "U8": torch.uint8}
 _MAX_HEADER = 100 * 1024 * 1024
 _EDGE = 1 << 20  # bytes hashed at each end of a weight file (the safetensors header comes first)
 _EMBEDDING_NAMES = ("model.embed_tokens.weight", "transformer.wte.weight", "embed_tokens.weight", "wte.weight")
@@ -80,7 +82,7 @@ class Checkpoint:
     tensors for a name or a block of leading-dimension rows.
     """
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
+    def __init__(self, path: str | os.PathLike[str], *, masks: bool = False) -> None:
         self.path = Path(path)
         if not self.path.exists():
             raise FileNotFoundError(f"checkpoint not found: {self.path}")
@@ -89,7 +91,8 @@ class Checkpoint:
         self._pickle_cache: tuple[Path, dict[str, torch.Tensor]] | None = None
         self._files, expected = self._discover()
         for file in self._files:
-            for info in _safetensors_header(file) if file.suffix == ".safetensors" else _pickle_infos(file):
+            dtypes = _MASK_DTYPES if masks else _SAFETENSORS_DTYPES
+            for info in _safetensors_header(file, dtypes) if file.suffix == ".safetensors" else _pickle_infos(file):
                 if info.name in self._infos:
                     first = self._infos[info.name].file.name
                     raise CheckpointError(f"{self.path}: tensor {info.name!r} appears in {first} and {file.name}")
@@ -273,7 +276,7 @@ def _index_map(index: Path) -> dict[str, Path]:
     return out
 
 
-def _safetensors_header(file: Path) -> list[TensorInfo]:
+def _safetensors_header(file: Path, dtypes: Mapping[str, torch.dtype] = _SAFETENSORS_DTYPES) -> list[TensorInfo]:
     size = file.stat().st_size
     with file.open("rb") as fh:
         head = fh.read(8)
@@ -303,11 +306,9 @@ def _safetensors_header(file: Path) -> list[TensorInfo]:
             raise CheckpointError(f"{file}: malformed header entry for tensor {name!r}: {exc}") from exc
         if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in (begin, end, *shape)):
             raise CheckpointError(f"{file}: tensor {name!r} has invalid data_offsets {[begin, end]} or shape {shape}")
-        if dtype_name not in _SAFETENSORS_DTYPES:
-            raise CheckpointError(
-                f"{file}: tensor {name!r} has dtype {dtype_name}; supported: {sorted(_SAFETENSORS_DTYPES)}"
-            )
-        dtype = _SAFETENSORS_DTYPES[dtype_name]
+        if dtype_name not in dtypes:
+            raise CheckpointError(f"{file}: tensor {name!r} has dtype {dtype_name}; supported: {sorted(dtypes)}")
+        dtype = dtypes[dtype_name]
         if end - begin != math.prod(shape) * _itemsize(dtype) or base + end > size:
             raise CheckpointError(f"{file}: tensor {name!r} has inconsistent data offsets {begin}-{end}")
         infos.append(TensorInfo(name, file, dtype, shape, base + int(begin)))

@@ -1,7 +1,9 @@
 """LACUNA parameter masks: build, bit-pack, save, and load them (ours and the released ``mask.pt``).
 
 A mask set assigns each scalar of an *eligible* weight tensor to at most one of ``num_groups``
-groups. Group ``g`` owns the scalars whose packed int32 value has bit ``g`` set. During masked
+groups. Group ``g`` owns the scalars whose packed int32 value has bit ``g`` set. On disk our files store
+the narrowest bit field that holds every group (uint8 up to 8 groups: LACUNA's 6 take a quarter of the
+int32's bytes, which the scorer must read for every scalar); in memory a :class:`MaskSet` is always int32. During masked
 pretraining the data of the people in group ``g`` may update only those scalars, so we know where
 each person's knowledge was written. That ground truth is what the localization metrics score.
 
@@ -47,6 +49,7 @@ __all__ = [
     "load_masks",
     "named_shapes_of",
     "save_masks",
+    "storage_dtype",
     "trivial_mask_stats",
 ]
 
@@ -58,9 +61,12 @@ class MaskError(ValueError):
 #: One int32 per scalar, so at most 32 groups.
 MAX_GROUPS: int = 32
 
-#: ``format`` / ``version`` metadata of our safetensors mask files.
+#: ``format`` / ``version`` metadata of our safetensors mask files. Version 2 stores uint8 bit fields when
+#: ``num_groups <= 8`` (int32 otherwise); version 1 files (always int32) are still read.
 FORMAT_NAME: str = "lacuna-bench-masks"
-FORMAT_VERSION: str = "1"
+FORMAT_VERSION: str = "2"
+_READABLE_VERSIONS = {"1": ("I32",), "2": ("U8", "I32")}
+_SAFETENSORS_NAMES = {"U8": torch.uint8, "I32": torch.int32}
 
 _LLAMA = r"layers\.\d+\.(?:self_attn\.[qkvo]_proj|mlp\.(?:gate|up|down)_proj)"  # also OLMo2 / Qwen2
 _NEOX = r"layers\.\d+\.(?:attention\.(?:query_key_value|dense)|mlp\.dense_(?:h_to_4h|4h_to_h))"
@@ -464,8 +470,15 @@ def build_masks(
 # Files
 
 
+def storage_dtype(num_groups: int) -> torch.dtype:
+    """The on-disk bit field of a mask file: uint8 when every group fits in 8 bits, else int32."""
+    return torch.uint8 if num_groups <= 8 else torch.int32
+
+
 def save_masks(maskset: MaskSet, path: str | os.PathLike[str]) -> Path:
-    """Write ``maskset`` atomically as a safetensors file with one int32 tensor per mask and string metadata.
+    """Write ``maskset`` atomically as a safetensors file with one bit-field tensor per mask and string metadata.
+
+    The bit field is :func:`storage_dtype` (uint8 for up to 8 groups, the bits unchanged).
 
     The file is written to a temporary file in the target directory and then ``os.replace``-d, so readers
     never see a partial file. Unknown ``budget`` / ``seed`` are stored as empty strings.
@@ -486,7 +499,8 @@ def save_masks(maskset: MaskSet, path: str | os.PathLike[str]) -> Path:
         _ORDER_KEY: json.dumps(list(maskset.packed)),
         **maskset.extra,
     }
-    return save_tensors(path, dict(maskset.packed), metadata)
+    dtype = storage_dtype(maskset.num_groups)
+    return save_tensors(path, {name: t.to(dtype) for name, t in maskset.packed.items()}, metadata)
 
 
 def load_masks(
@@ -544,11 +558,15 @@ def _load_safetensors(
                     f"{path}: missing metadata keys {missing}; not a {FORMAT_NAME} file (use load_masks on our "
                     f"safetensors output or a LACUNA mask.pt)"
                 )
+            allowed = _READABLE_VERSIONS.get(metadata["version"], ("I32",))
             for name in fh.keys():
                 dtype = fh.get_slice(name).get_dtype()
-                if dtype != "I32":
-                    raise MaskError(f"{path}: tensor {name!r} has dtype {dtype}, expected int32 (I32)")
-                packed[name] = fh.get_tensor(name)
+                if dtype not in allowed:
+                    raise MaskError(
+                        f"{path}: tensor {name!r} has dtype {dtype}, expected {' or '.join(allowed)} "
+                        f"(mask file version {metadata['version']})"
+                    )
+                packed[name] = fh.get_tensor(name).to(torch.int32)
     except MaskError:
         raise
     except (SafetensorError, OSError, ValueError) as exc:
@@ -556,8 +574,10 @@ def _load_safetensors(
 
     if metadata["format"] != FORMAT_NAME:
         raise MaskError(f"{path}: metadata format={metadata['format']!r}, expected {FORMAT_NAME!r}")
-    if metadata["version"] != FORMAT_VERSION:
-        raise MaskError(f"{path}: unsupported mask file version {metadata['version']!r} (expected {FORMAT_VERSION})")
+    if metadata["version"] not in _READABLE_VERSIONS:
+        raise MaskError(
+            f"{path}: unsupported mask file version {metadata['version']!r} (expected one of {sorted(_READABLE_VERSIONS)})"
+        )
     try:
         file_groups = int(metadata["num_groups"])
         budget = float(metadata["budget"]) if metadata["budget"] else None
@@ -722,7 +742,7 @@ class MaskReader:
             try:
                 with safe_open(str(self.path), framework="pt", device="cpu") as fh:
                     metadata = fh.metadata() or {}
-                self._file = Checkpoint(self.path)
+                self._file = Checkpoint(self.path, masks=True)
             except (SafetensorError, OSError, CheckpointError) as exc:
                 raise MaskError(f"{self.path} is not a readable safetensors mask file: {exc}") from exc
             missing = [k for k in _REQUIRED_METADATA if k not in metadata]
@@ -734,9 +754,16 @@ class MaskReader:
                 raise MaskError(f"{self.path}: malformed metadata num_groups: {exc}") from exc
             self.forget_groups = forget_groups or _parse_groups(self.path, "forget_groups", metadata["forget_groups"])
             self.retain_groups = retain_groups or _parse_groups(self.path, "retain_groups", metadata["retain_groups"])
+            version = metadata["version"]
+            if version not in _READABLE_VERSIONS:
+                raise MaskError(f"{self.path}: unsupported mask file version {version!r}")
+            allowed = {_SAFETENSORS_NAMES[d] for d in _READABLE_VERSIONS[version]}
             for name in self._file.names:
-                if self._file.info(name).dtype != torch.int32:
-                    raise MaskError(f"{self.path}: tensor {name!r} is not int32")
+                if self._file.info(name).dtype not in allowed:
+                    raise MaskError(
+                        f"{self.path}: tensor {name!r} is {self._file.info(name).dtype}, expected "
+                        f"{' or '.join(_READABLE_VERSIONS[version])} (mask file version {version})"
+                    )
             self.names = list(self._file.names)
         self.forget_bits = group_bits(self.forget_groups or ())
         self.retain_bits = group_bits(self.retain_groups or ())
@@ -754,7 +781,8 @@ class MaskReader:
         return self._file.shape(name)
 
     def read(self, name: str, shape: tuple[int, ...], start: int, stop: int) -> torch.Tensor:
-        """Rows ``[start, stop)`` of the packed mask of ``name``, viewed with the parameter's ``shape``."""
+        """Rows ``[start, stop)`` of the packed mask of ``name``, viewed with the parameter's ``shape``, in the
+        stored bit field (uint8 or int32; the same bits)."""
         if self._memory is not None:
             return self._memory.packed[name].reshape(shape)[start:stop]
         assert self._file is not None

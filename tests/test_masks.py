@@ -17,6 +17,7 @@ from lacuna_metrics.masks import (
     DEFAULT_ELIGIBLE_PATTERN,
     LACUNA_RELEASE_PATTERN,
     MaskError,
+    MaskReader,
     MaskSet,
     build_masks,
     component,
@@ -484,8 +485,10 @@ def test_save_load_round_trip(tmp_path, llama_masks):
     assert os.listdir(tmp_path) == ["masks.safetensors"]  # no temp file left behind
     with safe_open(str(path), framework="pt") as fh:
         meta = fh.metadata()
-    assert meta["format"] == "lacuna-bench-masks" and meta["version"] == "1"
+    assert meta["format"] == "lacuna-bench-masks" and meta["version"] == "2"
     assert meta["num_groups"] == "6" and meta["budget"] == "0.05" and meta["seed"] == "42"
+    with safe_open(str(path), framework="pt") as fh:  # six groups fit in a byte: a quarter of int32's bytes
+        assert {fh.get_slice(n).get_dtype() for n in fh.keys()} == {"U8"}
     assert meta["forget_groups"] == "0,2,4" and meta["retain_groups"] == "1,3,5"
     assert meta["run"] == "unit-test"
     loaded = load_masks(path)
@@ -573,7 +576,7 @@ def test_wrong_dtype_names_tensor(tmp_path):
     ("overrides", "message"),
     [
         ({"format": "other"}, "format='other'"),
-        ({"version": "2"}, "unsupported mask file version '2'"),
+        ({"version": "3"}, "unsupported mask file version '3'"),
         ({"num_groups": "six"}, "malformed metadata"),
         ({"forget_groups": "0;2"}, "forget_groups='0;2'"),
         ({"num_groups": "2"}, "forget_groups contains 2"),
@@ -687,3 +690,38 @@ def test_mask_pt_without_suffix_is_detected(tmp_path):
     path = tmp_path / "masks_release"
     torch.save({"w": torch.tensor([4], dtype=torch.int32)}, path)
     assert load_masks(path).packed["w"].tolist() == [4]
+
+
+def test_version_1_int32_files_still_load(tmp_path):
+    """Files written before the uint8 storage (version 1, int32) load and score unchanged."""
+    path = tmp_path / "v1.safetensors"
+    packed = torch.tensor([[1, 2], [0, 36]], dtype=torch.int32)
+    save_file({"w": packed}, str(path), metadata=_metadata(version="1"))
+    loaded = load_masks(path)
+    assert loaded.packed["w"].dtype == torch.int32 and torch.equal(loaded.packed["w"], packed)
+    reader = MaskReader(path)
+    assert torch.equal(reader.read("w", (2, 2), 0, 2), packed)
+
+
+def test_version_1_rejects_uint8(tmp_path):
+    path = tmp_path / "v1.safetensors"
+    save_file({"w": torch.zeros(2, dtype=torch.uint8)}, str(path), metadata=_metadata(version="1"))
+    with pytest.raises(MaskError, match=re.escape(str(path)) + r".*'w' has dtype U8, expected I32"):
+        load_masks(path)
+    with pytest.raises(MaskError, match=re.escape(str(path)) + r".*'w' is torch.uint8, expected I32"):
+        MaskReader(path)
+
+
+@pytest.mark.parametrize(("num_groups", "stored"), [(1, "U8"), (8, "U8"), (9, "I32"), (32, "I32")])
+def test_storage_is_the_narrowest_bit_field(tmp_path, num_groups, stored):
+    top = 1 << (num_groups - 1)
+    top = top - (1 << 32) if top >= 1 << 31 else top  # bit 31 is int32's sign bit
+    packed = torch.tensor([0, 1, top, 0], dtype=torch.int32)
+    ms = MaskSet(packed={"w": packed}, num_groups=num_groups, forget_groups=(0,), retain_groups=())
+    path = save_masks(ms, tmp_path / "m.safetensors")
+    with safe_open(str(path), framework="pt") as fh:
+        assert fh.get_slice("w").get_dtype() == stored
+    assert torch.equal(load_masks(path).packed["w"], packed)
+    reader = MaskReader(path)
+    assert torch.equal(reader.read("w", (4,), 0, 4).to(torch.int32), packed)
+    assert (reader.read("w", (4,), 0, 4) & reader.forget_bits).ne(0).tolist() == [False, True, num_groups == 1, False]
