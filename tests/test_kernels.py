@@ -1,7 +1,7 @@
 """Compiled kernels of the scorer (``lacuna_metrics.kernels``) against plain-numpy definitions written here.
 
 Covers ``histogram_add`` (bins, off-edge counts, low-bit extremes, NaN and bad-category rejection),
-``stable_order`` (and ``within_tensor_quantile``), ``categorize`` (and ``categories``), ``pair_statistics``,
+``stable_order`` (and ``within_tensor_quantile``), ``categorize`` (and ``categories``), ``pair_pass``,
 ``diff_square_sums``, ``count_nonfinite``, the histogram bookkeeping kernels ``occupied_bins``/``clear_bins``/
 ``merge_bins`` directly and through ``StreamingAUC.merge_into``/``reset``, and ``qtile_histogram_add`` through
 ``StreamingAUC.add_ranked``. Inputs are small and include signed zeros, ±inf, denormals and heavy ties.
@@ -25,7 +25,7 @@ from lacuna_metrics.kernels import (
     histogram_add,
     merge_bins,
     occupied_bins,
-    pair_statistics,
+    pair_pass,
     stable_order,
 )
 from lacuna_metrics.localization import categories, qtile_values, within_tensor_quantile
@@ -317,7 +317,7 @@ def test_categorize_hand_cases_with_group_31():
 
 
 # --------------------------------------------------------------------------------------------------
-# pair_statistics and diff_square_sums
+# pair_pass and diff_square_sums
 
 
 def _reference_pair_statistics(before, after, cats):
@@ -347,31 +347,52 @@ def _pairs(rng, n):
     return before, after
 
 
+def _pair_pass(before, after, packed, forget_bits=0b010101, retain_bits=0b101010, sums=None):
+    n = before.size
+    delta, before_abs = np.full(n, np.nan, np.float32), np.full(n, np.nan, np.float32)
+    cats = np.full(n, 9, np.uint8)
+    sums = np.zeros(10) if sums is None else sums
+    pair_pass(before, after, packed, np.int32(forget_bits), np.int32(retain_bits), delta, before_abs, cats, sums)
+    return delta, before_abs, cats, sums
+
+
 @pytest.mark.parametrize("n", [0, 1, 5, 1000, 20_000])
-def test_pair_statistics_matches_numpy_and_accumulates(n):
+@pytest.mark.parametrize("mask_dtype", [np.uint8, np.int32])
+def test_pair_pass_matches_numpy_and_accumulates(n, mask_dtype):
     rng = np.random.default_rng(n)
     before, after = _pairs(rng, n)
-    cats = rng.integers(0, 3, n).astype(np.uint8)
-    expected = _reference_pair_statistics(before, after, cats)
-    start = np.array([1.5, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0])
-    out = start.copy()
-    pair_statistics(before, after, cats, out)
-    np.testing.assert_allclose(out, start + expected, rtol=1e-12, atol=0)
-    pair_statistics(before, after, cats, out)  # a second block adds again
-    np.testing.assert_allclose(out, start + 2 * expected, rtol=1e-12, atol=0)
-    assert out[5] + out[6] + out[7] == start[5:].sum() + 2 * n
+    packed = rng.integers(0, 64, n).astype(mask_dtype)
+    cats_ref = _reference_categories(packed, 0b010101, 0b101010)
+    expected = _reference_pair_statistics(before, after, cats_ref)
+    start = np.array([1.5, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 0.0, 0.0])
+    delta, before_abs, cats, out = _pair_pass(before, after, packed, sums=start.copy())
+    np.testing.assert_array_equal(cats, cats_ref)
+    np.testing.assert_array_equal(delta, np.abs(after - before))
+    np.testing.assert_array_equal(before_abs, np.abs(before))
+    np.testing.assert_allclose(out[:8], start[:8] + expected, rtol=1e-12, atol=0)
+    assert out[8] == out[9] == 0
+    _pair_pass(before, after, packed, sums=out)  # a second block adds again
+    np.testing.assert_allclose(out[:8], start[:8] + 2 * expected, rtol=1e-12, atol=0)
+    assert out[5] + out[6] + out[7] == start[5:8].sum() + 2 * n
 
 
-def test_pair_statistics_difference_is_rounded_to_float32():
+def test_pair_pass_difference_is_rounded_to_float32():
     before = np.array([2.0**24, 0.0, 1.0], dtype=np.float32)
     after = np.array([-1.0, 0.0, 1.0 + 2.0**-23], dtype=np.float32)
-    cats = np.array([2, 1, 0], dtype=np.uint8)
-    out = np.zeros(8)
-    pair_statistics(before, after, cats, out)
+    packed = np.array([1, 2, 0], dtype=np.uint8)  # forget, retain, outside
+    delta, _, cats, out = _pair_pass(before, after, packed)
     # −1 − 2**24 = −16777217 is not a float32: it rounds to −2**24
+    assert delta.tolist() == [2.0**24, 0.0, 2.0**-23] and cats.tolist() == [2, 1, 0]
     assert out[0] == 2.0**24 + 2.0**-23
     assert out[1] == 2.0**48 + 2.0**-46
-    np.testing.assert_array_equal(out[2:], [2.0**-46, 0.0, 2.0**48, 1.0, 1.0, 1.0])
+    np.testing.assert_array_equal(out[2:], [2.0**-46, 0.0, 2.0**48, 1.0, 1.0, 1.0, 0.0, 0.0])
+
+
+def test_pair_pass_counts_nonfinite_per_side():
+    before = _bits_as_f32(0x7FC00000, 0x7F800000, 0x3F800000, 0x00000001, 0xFF800000, 0x7F7FFFFF)
+    after = _bits_as_f32(0x3F800000, 0x3F800000, 0xFFC00001, 0x3F800000, 0x3F800000, 0xFF7FFFFF)
+    *_, out = _pair_pass(before, after, np.zeros(6, np.uint8))
+    assert (out[8], out[9]) == (3, 1)  # NaN, +inf, −inf before; a NaN after; denormals and ±max are finite
 
 
 def _reference_diff_square_sums(before, after):
