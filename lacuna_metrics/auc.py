@@ -139,6 +139,13 @@ class StreamingAUC:
             return
         self._histogram(scores, cats)
 
+    def expect(self, total: int) -> None:
+        """Announce that ``total`` scalars will be added: beyond ``exact_limit`` they would spill into the
+        histogram anyway, so start there and skip buffering (and copying) the first ``exact_limit`` of them.
+        The result is the same as without the call."""
+        if self._scores is not None and total > self.exact_limit:
+            self._spill()
+
     def _spill(self) -> None:
         assert self._scores is not None
         buffered, cats = self._scores, self._cats
@@ -302,7 +309,7 @@ def binned_auc(pos: np.ndarray, neg: np.ndarray, uncertain: np.ndarray | None = 
     if n_pos == 0 or n_neg == 0:
         return AUCResult(None, 0.0, int(n_pos), int(n_neg))
     neg_below = np.cumsum(neg) - neg
-    wins = float(np.dot(pos, neg_below + 0.5 * neg))
+    wins = float((pos * (neg_below + 0.5 * neg)).sum())  # not np.dot: BLAS threads would wake up and spin
     bound = 0.0 if uncertain is None else float(0.5 * np.sum(uncertain) / (n_pos * n_neg))
     return AUCResult(min(1.0, max(0.0, wins / (n_pos * n_neg))), bound, int(n_pos), int(n_neg))
 

@@ -21,8 +21,10 @@ from __future__ import annotations
 
 import math
 import os
+import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,8 +32,8 @@ import numpy as np
 import torch
 
 from lacuna_metrics.auc import FORGET, OUTSIDE, RETAIN, TARGETS, StreamingAUC, qtile_values, roc_auc
-from lacuna_metrics.checkpoints import Checkpoint, CheckpointError, prefetched, release_memory
-from lacuna_metrics.kernels import categorize, pair_statistics, rank_categories, stable_order
+from lacuna_metrics.checkpoints import Checkpoint, CheckpointError, release_memory
+from lacuna_metrics.kernels import categorize, pair_pass, rank_categories, stable_order
 from lacuna_metrics.masks import MaskError, MaskReader, component, layer_index
 
 __all__ = [
@@ -93,6 +95,7 @@ _WHY = {
     "crossfield": "needs the per-field runs of the same method (--crossfield, at least two)",
 }
 _ELEMENTWISE = tuple(s for s in SCORES if s not in ("qtile", "crossfield"))
+_PAIR = ("before", "after")
 
 
 @dataclass
@@ -108,7 +111,7 @@ class LocalizationConfig:
     composite_folds: int = 5
     seed: int = 42
     block_elems: int = 1 << 20  # scalars per read block: larger blocks fragment the heap (peak RSS)
-    threads: int = max(1, min(4, os.cpu_count() or 1))  # histogram updates of different scores in parallel
+    threads: int = max(1, min(4, os.cpu_count() or 1))  # worker threads, each scoring whole blocks
 
     def __post_init__(self) -> None:
         if self.threads < 1:
@@ -159,23 +162,27 @@ def score_block(
     control_mean: float = 0.0,
     eps: float = 1e-10,
     wanted: Sequence[str] = (*_ELEMENTWISE, *BASELINES),
+    delta: torch.Tensor | None = None,
+    before_abs: torch.Tensor | None = None,
 ) -> dict[str, torch.Tensor]:
     """Elementwise scores of spec §1.10 for one block (float32); absent inputs skip their scores.
 
     ``sigma`` / ``sigma_contrast`` are the (layer, component) stds of δ and of the contrast, and
     ``control_mean`` the tensor's mean control δ′. A zero σ gives score 0 (the group did not move);
-    a zero control mean makes ``compnorm`` fall back to δ, as the reference code does.
+    a zero control mean makes ``compnorm`` fall back to δ, as the reference code does. ``delta`` (|u − o|)
+    and ``before_abs`` (|o|) may be passed in when already computed (:func:`~lacuna_metrics.kernels.pair_pass`).
     """
     out: dict[str, torch.Tensor] = {}
     want = set(wanted)
-    d = u - o
-    delta = d.abs() if base is not None else d.abs_()  # d itself is only needed by the base scores
+    d = u - o if base is not None else None  # the signed δ is only needed by the base scores
+    if delta is None:
+        delta = d.abs() if d is not None else (u - o).abs_()
     if "raw" in want:
         out["raw"] = delta
     if "layernorm" in want:
         out["layernorm"] = delta / sigma if sigma > 0 else torch.zeros_like(delta)
     if "before_magnitude" in want:
-        out["before_magnitude"] = o.abs()
+        out["before_magnitude"] = o.abs() if before_abs is None else before_abs
     if control is not None:
         dc = (control[1] - control[0]).abs()
         contrast = delta - dc
@@ -191,6 +198,7 @@ def score_block(
         if "compnorm" in want:
             out["compnorm"] = delta / control_mean if control_mean > 0 else delta
     if base is not None:
+        assert d is not None
         inj = o - base
         abs_inj = inj.abs()
         if "signrev" in want:
@@ -206,7 +214,9 @@ def score_block(
 
 def categories(packed: torch.Tensor, forget_bits: int, retain_bits: int) -> torch.Tensor:
     """uint8 category per scalar: FORGET if any forget bit, else RETAIN if any retain bit, else OUTSIDE."""
-    flat = packed.reshape(-1).to(torch.int32).contiguous()
+    flat = packed.reshape(-1).contiguous()
+    if flat.dtype not in (torch.uint8, torch.int32):
+        flat = flat.to(torch.int32)
     out = torch.empty(flat.numel(), dtype=torch.uint8)
     categorize(flat.numpy(), np.int32(forget_bits), np.int32(retain_bits), out.numpy())
     return out
@@ -223,6 +233,70 @@ def _trim_after(numel: int) -> None:
 
 
 PairHook = Callable[[str, torch.Tensor, torch.Tensor], None]
+
+
+@dataclass(frozen=True)
+class _Block:
+    """Rows ``[start, stop)`` of tensor ``name`` (flat scalars ``[lo, hi)``), the ``seq``-th block of the walk."""
+
+    seq: int
+    name: str
+    start: int
+    stop: int
+    lo: int
+    hi: int
+
+
+@dataclass
+class _TensorState:
+    """A member tensor being scored: whole-tensor buffers (categories, qtile/crossfield inputs), its composite
+    sample, and how many of its blocks are still to be scored."""
+
+    full: dict[str, torch.Tensor]
+    sample: np.ndarray
+    blocks_left: int
+
+
+@dataclass
+class _GroupScoring:
+    """What scoring one (layer, component) group needs: its σs, its tensors, and the samples by block number."""
+
+    key: tuple[int, str]
+    sigma: float
+    sigma_contrast: float
+    tensors: dict[str, _TensorState] = field(default_factory=dict)
+    samples: dict[int, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
+
+
+class _Turnstile:
+    """Lets worker threads run a step one block at a time in block order (the ``on_pair`` hooks add float sums,
+    whose rounding depends on the order)."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._next = 0
+
+    @contextmanager
+    def turn(self, seq: int) -> Iterator[None]:
+        with self._cond:
+            self._cond.wait_for(lambda: self._next == seq)
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._next = seq + 1
+                self._cond.notify_all()
+
+
+@contextmanager
+def _torch_threads(n: int) -> Iterator[None]:
+    """Run the block with torch's intra-op thread count set to ``n`` (restored afterwards)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 class Localization:
@@ -264,6 +338,13 @@ class Localization:
         cfg = self.config
         self._acc = {s: StreamingAUC(cfg.bins_bits, cfg.exact_limit) for s in (*self.scores, *self.baselines)}
         self._group_acc = StreamingAUC(cfg.bins_bits, cfg.exact_limit)  # reset for every (layer, component)
+        self._locks = {id(acc): threading.Lock() for acc in (*self._acc.values(), self._group_acc)}
+        self._state_lock = threading.Lock()
+        self._turnstile = _Turnstile()
+        self._seq = 0  # blocks planned so far: the turnstile's order
+        self._abort = False  # set when a block failed: the blocks still in flight skip their work
+        self._on_pair: PairHook | None = None
+        self._progress: Callable[[int], None] | None = None
         self._group_auc: dict[tuple[int, str], dict[str, Any]] = {}  # per-group AUCs, kept as numbers
         self._group_stats: dict[tuple[int, str], _GroupStats] = {}
         self._group_tensors: dict[tuple[int, str], list[str]] = {}
@@ -277,6 +358,8 @@ class Localization:
         self._members = self._find_universe()
         total = sum(self.masks.numel(n) for n in self._members)
         self._sample_fraction = min(1.0, cfg.composite_samples / max(1, total))
+        for acc in self._acc.values():
+            acc.expect(total)
 
     # -- planning -----------------------------------------------------------------------------------
 
@@ -345,61 +428,84 @@ class Localization:
                 out[f"crossfield{i}"] = ckpt
         return out
 
-    def _blocks(self, names: Sequence[str], universe: bool) -> Iterator[tuple[str, int, int, dict[str, torch.Tensor]]]:
-        sources = self._sources(universe)
+    def _plan(self, names: Sequence[str]) -> list[_Block]:
+        """The blocks of ``names`` in file order, numbered for the turnstile."""
+        blocks = []
+        for name in names:
+            shape = self.before.shape(name)
+            row = math.prod(shape[1:]) if len(shape) > 1 else 1
+            for start, stop in self.before.iter_blocks(name, self.config.block_elems):
+                blocks.append(_Block(self._seq, name, start, stop, start * row, stop * row))
+                self._seq += 1
+        return blocks
 
-        def make() -> Iterator[tuple[str, int, int, dict[str, torch.Tensor]]]:
-            for name in names:
-                shape = self.before.shape(name)
-                for start, stop in self.before.iter_blocks(name, self.config.block_elems):
-                    blocks = {label: ck.read(name, start, stop) for label, ck in sources.items()}
-                    if universe:
-                        blocks["mask"] = self.masks.read(name, shape, start, stop)
-                    yield name, start, stop, blocks
+    def _read(self, blk: _Block, universe: bool) -> dict[str, torch.Tensor]:
+        """Read one block of every source; in the universe also its mask and :meth:`_pair_pass`'s outputs."""
+        b = {
+            # in the universe the pair's NaN/inf check is part of the pair pass
+            label: ck.read(blk.name, blk.start, blk.stop, check_finite=not universe or label not in _PAIR)
+            for label, ck in self._sources(universe).items()
+        }
+        if universe:
+            b["mask"] = self.masks.read(blk.name, self.before.shape(blk.name), blk.start, blk.stop)
+            self._pair_pass(blk, b)
+        return b
 
-        return prefetched(make)
+    def _pair_pass(self, blk: _Block, b: dict[str, torch.Tensor]) -> None:
+        """Add the block's categories, |δ|, |θ_before| and sums (:func:`pair_pass`: one compiled pass), after
+        the before/after NaN/inf check it also does (a bad value is reported as :meth:`Checkpoint.read` does)."""
+        o = b["before"].reshape(-1).contiguous()
+        u = b["after"].reshape(-1).contiguous()
+        packed = b["mask"].reshape(-1).contiguous()
+        if packed.dtype not in (torch.uint8, torch.int32):
+            packed = packed.to(torch.int32)
+        n = o.numel()
+        delta, before_abs = torch.empty(n), torch.empty(n)
+        cats, sums = torch.empty(n, dtype=torch.uint8), np.zeros(10)  # Σ|δ|, Σδ², ΣΔ² / count per category, bad
+        forget_bits, retain_bits = np.int32(self.masks.forget_bits), np.int32(self.masks.retain_bits)
+        pair_pass(o.numpy(), u.numpy(), packed.numpy(), forget_bits, retain_bits, delta.numpy(), before_abs.numpy(),
+                  cats.numpy(), sums)  # fmt: skip
+        for label, bad in (("before", sums[8]), ("after", sums[9])):
+            if bad:
+                file = self._sources(False)[label].info(blk.name).file
+                raise CheckpointError(
+                    f"{file}: tensor {blk.name!r} contains {int(bad)} NaN/inf values (rows {blk.start}-{blk.stop})"
+                )
+        b.update(delta=delta, before_abs=before_abs, cats=cats, sums=sums)
 
     # -- the walk -----------------------------------------------------------------------------------
 
     def run(self, on_pair: PairHook | None = None, progress: Callable[[int], None] | None = None) -> dict[str, Any]:
         """Stream all tensors; return the localization section of the score JSON."""
+        self._on_pair, self._progress = on_pair, progress
         with ThreadPoolExecutor(max_workers=self.config.threads, thread_name_prefix="lacuna-auc") as self._pool:
-            return self._run(on_pair, progress)
+            with _torch_threads(1):  # the walk parallelises by itself; torch's idle OpenMP workers would spin
+                self._walk()
+            return self._results()
 
-    def _run(self, on_pair: PairHook | None, progress: Callable[[int], None] | None) -> dict[str, Any]:
+    def _walk(self) -> None:
         for key, names in self._units():
             if key is None:
-                for name, _s, _e, b in self._blocks(names, universe=False):
-                    if on_pair is not None:
-                        on_pair(name, b["before"], b["after"])
-                    if progress is not None:
-                        progress(b["before"].numel())
+                self._pass(self._plan(names), universe=False, collect=None, group=None)
                 continue
             members = [n for n in names if n in self._members]
-            per_tensor: dict[str, dict[str, Any]] = {}
+            per_block: dict[int, tuple[str, np.ndarray, list[float]]] = {}
             if self.one_pass:  # no score normalises by group statistics: score while reading
-                blocks = self._with_stats(self._blocks(names, universe=True), per_tensor, None, on_pair, progress)
-                self._score_group(key, ((n, s, e, b, c) for n, s, e, b, c in blocks if n in self._members))
-                self._finish_group(key, members, per_tensor)
+                self._pass(self._plan(names), universe=True, collect=per_block, group=(key, members))
+                self._finish_group(key, members, per_block)
             else:
-                cats: dict[str, list[torch.Tensor]] = {}
-                for _ in self._with_stats(self._blocks(names, universe=True), per_tensor, cats, on_pair, progress):
-                    pass
-                self._finish_group(key, members, per_tensor)
-                if members:
-                    joined = {n: torch.cat(cats.pop(n)) for n in members}
-                    self._score_group(key, self._reread(members, joined))
-                    del joined
-                cats.clear()
+                self._pass(self._plan(names), universe=True, collect=per_block, group=None)
+                self._finish_group(key, members, per_block)
+                if members:  # second pass: the group is in the page cache now
+                    self._pass(self._plan(members), universe=True, collect=None, group=(key, members))
             if self._whole_tensor_buffers:
                 release_memory()
-        return self._results()
 
     @property
     def _whole_tensor_buffers(self) -> bool:
-        """Whether groups allocate tensor-sized buffers (categories kept for a second pass, qtile/crossfield
-        inputs): freed, they fragment the heap, so each group ends with a trim. Block buffers are just reused."""
-        return not self.one_pass or "qtile" in self.scores or "crossfield" in self.scores
+        """Whether groups allocate tensor-sized buffers (qtile/crossfield inputs): freed, they fragment the heap,
+        so each group ends with a trim. Block buffers are just reused."""
+        return "qtile" in self.scores or "crossfield" in self.scores
 
     @property
     def one_pass(self) -> bool:
@@ -407,50 +513,105 @@ class Localization:
         wanted = {*self.scores, *self.composite_features()}
         return not wanted & {"layernorm", "contrastln", "compnorm"}
 
-    def _with_stats(
+    def _pass(
         self,
-        blocks: Iterator[tuple[str, int, int, dict[str, torch.Tensor]]],
-        per_tensor: dict[str, dict[str, Any]],
-        keep_cats: dict[str, list[torch.Tensor]] | None,
-        on_pair: PairHook | None,
-        progress: Callable[[int], None] | None,
-    ) -> Iterator[tuple[str, int, int, dict[str, torch.Tensor], torch.Tensor]]:
-        """Pass blocks through, adding each one's categories and sums to ``per_tensor`` (and ``keep_cats``)."""
-        for name, start, stop, b in blocks:
-            o, u = b["before"], b["after"]
-            if on_pair is not None:
-                on_pair(name, o, u)
-            if progress is not None:
-                progress(o.numel())
-            cat = categories(b["mask"], self.masks.forget_bits, self.masks.retain_bits)
-            if keep_cats is not None:
-                keep_cats.setdefault(name, []).append(cat)
-            t = per_tensor.setdefault(
-                name, {"n": 0, "d": [0.0, 0.0], "c": [0.0, 0.0], "dc": 0.0, "e": [0.0] * 3, "k": [0] * 3}
-            )
-            sums = np.zeros(8)  # Σ|δ|, Σδ², ΣΔ² per category, count per category
-            pair_statistics(o.reshape(-1).contiguous().numpy(), u.reshape(-1).contiguous().numpy(), cat.numpy(), sums)
-            t["n"] += cat.numel()
+        blocks: list[_Block],
+        *,
+        universe: bool,
+        collect: dict[int, tuple[str, np.ndarray, list[float]]] | None,
+        group: tuple[tuple[int, str], list[str]] | None,
+    ) -> None:
+        """Process ``blocks`` on the worker threads, each block whole (read, pair pass, scores, histograms).
+
+        ``collect`` receives every block's sums (first pass, or the only one), keyed by block number so that they
+        are added in file order; ``group`` = (key, members) scores the members' blocks into the accumulators.
+        Workers run the ``on_pair``/``progress`` hooks in block order (a turnstile), and results never depend on
+        the number of threads: sums are folded in order, histograms are counts, and samples are keyed by block.
+        """
+        scoring = None
+        if group is not None:
+            scoring = self._start_group(group[0], group[1], blocks)
+        hooks = collect is not None or not universe
+        inflight: list[Future[None]] = []
+        limit = self.config.threads + 1  # blocks read or scored at once: bounds the memory
+        try:
+            for blk in blocks:
+                while len(inflight) >= limit:
+                    done, _ = wait(inflight, return_when=FIRST_COMPLETED)
+                    inflight = [f for f in inflight if f not in done]
+                    for f in done:
+                        f.result()
+                inflight.append(self._pool.submit(self._block_task, blk, universe, collect, hooks, scoring))
+        finally:
+            errors = []
+            for f in inflight:  # never cancel: a later block may be waiting for an earlier one's turn
+                try:
+                    f.result()
+                except BaseException as exc:  # noqa: BLE001 - re-raised below, the first in file order
+                    errors.append(exc)
+            if errors:
+                self._abort = True
+                raise errors[0]
+        self._abort = False
+        if scoring is not None:
+            self._end_group(scoring)
+
+    def _block_task(
+        self,
+        blk: _Block,
+        universe: bool,
+        collect: dict[int, tuple[str, np.ndarray, list[float]]] | None,
+        hooks: bool,
+        scoring: _GroupScoring | None,
+    ) -> None:
+        b: dict[str, torch.Tensor] | None = None
+        try:
+            if not self._abort:
+                b = self._read(blk, universe)
+        finally:
+            with self._turnstile.turn(blk.seq):  # always taken, so later blocks never wait for a failed one
+                if b is not None and hooks and not self._abort:
+                    if self._on_pair is not None:
+                        self._on_pair(blk.name, b["before"], b["after"])
+                    if self._progress is not None:
+                        self._progress(b["before"].numel())
+        if b is None or self._abort:
+            return
+        if collect is not None and universe:
+            collect[blk.seq] = (blk.name, b["sums"], self._control_sums(b))
+        if scoring is not None and blk.name in scoring.tensors:
+            self._score_block(blk, b, scoring)
+
+    @staticmethod
+    def _control_sums(b: dict[str, torch.Tensor]) -> list[float]:
+        """Σ|δ′| of the control pair and Σc, Σc² of the contrast c = |δ| − |δ′| (float64)."""
+        if "control_before" not in b:
+            return [0.0, 0.0, 0.0]
+        delta = (b["after"] - b["before"]).reshape(-1).double().abs()
+        dc = (b["control_after"] - b["control_before"]).reshape(-1).double().abs()
+        contrast = delta - dc
+        return [float(dc.sum()), float(contrast.sum()), float((contrast * contrast).sum())]
+
+    def _finish_group(
+        self, key: tuple[int, str], members: list[str], per_block: dict[int, tuple[str, np.ndarray, list[float]]]
+    ) -> None:
+        """Fold the group's per-block sums (in file order) into its statistics and the universe counts."""
+        per_tensor: dict[str, dict[str, Any]] = {}
+        for seq in sorted(per_block):
+            name, sums, control = per_block[seq]
+            t = per_tensor.setdefault(name, {"d": [0.0, 0.0], "c": [0.0, 0.0], "dc": 0.0, "e": [0.0] * 3, "k": [0] * 3})
             t["d"][0] += float(sums[0])
             t["d"][1] += float(sums[1])
             for c in (OUTSIDE, RETAIN, FORGET):
                 t["e"][c] += float(sums[2 + c])
                 t["k"][c] += int(sums[5 + c])
-            if "control_before" in b:
-                delta = (u - o).reshape(-1).double().abs()
-                dc = (b["control_after"] - b["control_before"]).reshape(-1).double().abs()
-                contrast = delta - dc
-                t["dc"] += float(dc.sum())
-                t["c"][0] += float(contrast.sum())
-                t["c"][1] += float((contrast * contrast).sum())
-            yield name, start, stop, b, cat
-
-    def _finish_group(self, key: tuple[int, str], members: list[str], per_tensor: dict[str, dict[str, Any]]) -> None:
-        """Fold the group's per-tensor sums into its statistics and the universe counts."""
+            t["dc"] += control[0]
+            t["c"][0] += control[1]
+            t["c"][1] += control[2]
         stats = _GroupStats()
         for n in members:
             t = per_tensor[n]
-            stats.n += t["n"]
+            stats.n += sum(t["k"])
             for i in range(2):
                 stats.delta[i] += t["d"][i]
                 stats.contrast[i] += t["c"][i]
@@ -461,99 +622,113 @@ class Localization:
             self._group_stats[key] = stats
             self._group_tensors[key] = members
             self._universe.extend(members)
-        self._control_mean = {n: per_tensor[n]["dc"] / max(1, per_tensor[n]["n"]) for n in members}
+        self._control_mean = {n: per_tensor[n]["dc"] / max(1, sum(per_tensor[n]["k"])) for n in members}
 
-    def _reread(
-        self, members: list[str], cats: dict[str, torch.Tensor]
-    ) -> Iterator[tuple[str, int, int, dict[str, torch.Tensor], torch.Tensor]]:
-        """Second pass over the group's members (now in the page cache) with the categories of the first."""
-        for name, start, stop, b in self._blocks(members, universe=True):
-            shape = self.before.shape(name)
-            row = math.prod(shape[1:]) if len(shape) > 1 else 1
-            yield name, start, stop, b, cats[name][start * row : stop * row]
-
-    def _score_group(
-        self, key: tuple[int, str], blocks: Iterator[tuple[str, int, int, dict[str, torch.Tensor], torch.Tensor]]
-    ) -> None:
-        """Feed every score's accumulators from the group's member blocks (in tensor order)."""
-        cfg = self.config
+    def _start_group(self, key: tuple[int, str], members: list[str], blocks: list[_Block]) -> _GroupScoring:
+        """Per-group scoring state: σ, the group accumulator, whole-tensor buffers and the composite's samples."""
         stats = self._group_stats.get(key)
-        sigma = stats.sigma("delta") if stats is not None else 0.0  # two-pass mode only: one pass needs no σ
-        sigma_c = stats.sigma("contrast") if stats is not None else 0.0
-        # the per-layer score goes to a group accumulator that is then merged into the universe's one
-        group_acc = self._group_acc
+        group_acc = self._group_acc  # the per-layer score goes here, then into the universe's accumulator
         group_acc.reset()
-        per_layer = self.per_layer_score
+        group_acc.expect(sum(self.masks.numel(n) for n in members))
+        scoring = _GroupScoring(
+            key=key,
+            sigma=stats.sigma("delta") if stats is not None else 0.0,  # two-pass mode only: one pass needs no σ
+            sigma_contrast=stats.sigma("contrast") if stats is not None else 0.0,
+        )
+        need_full = "qtile" in self.scores
+        for name in members:  # in file order: the composite's random samples do not depend on threads
+            numel = self.masks.numel(name)
+            full: dict[str, torch.Tensor] = {"cats": torch.empty(numel, dtype=torch.uint8)}
+            if need_full:
+                full["delta"] = torch.empty(numel, dtype=torch.float32)
+            for i in range(len(self.crossfield)):
+                full[f"crossfield{i}"] = torch.empty(numel, dtype=torch.float32)
+            left = sum(1 for blk in blocks if blk.name == name)
+            scoring.tensors[name] = _TensorState(full=full, sample=self._sample_indices(numel), blocks_left=left)
+        return scoring
+
+    def _score_block(self, blk: _Block, b: dict[str, torch.Tensor], scoring: _GroupScoring) -> None:
+        """Scores of one member block into the accumulators (each under its lock), the tensor's buffers and the
+        composite's sample; the block that completes its tensor also scores the whole tensor (qtile, crossfield)."""
+        cfg, per_layer = self.config, self.per_layer_score
         wanted = [s for s in (*self.scores, *self.baselines) if s in _ELEMENTWISE or s in BASELINES]
         feature_names = self.composite_features()
-        need_full = "qtile" in self.scores
-        current: str | None = None
-        full: dict[str, torch.Tensor] = {}
-        tensor_cats: list[torch.Tensor] = []
-        sample: np.ndarray = np.zeros(0, dtype=np.int64)
-        for name, start, stop, b, cat in blocks:
-            if name != current:
-                if current is not None:
-                    self._finish_tensor(current, full, torch.cat(tensor_cats), group_acc)
-                current, full, tensor_cats = name, {}, []
-                numel = self.masks.numel(name)
-                if need_full:
-                    full["delta"] = torch.empty(numel, dtype=torch.float32)
-                for i in range(len(self.crossfield)):
-                    full[f"crossfield{i}"] = torch.empty(numel, dtype=torch.float32)
-                sample = self._sample_indices(numel)
-            tensor_cats.append(cat)
-            shape = self.before.shape(name)
-            row = math.prod(shape[1:]) if len(shape) > 1 else 1
-            lo, hi = start * row, stop * row
-            o, u = b["before"].reshape(-1), b["after"].reshape(-1)
-            control = (
-                (b["control_before"].reshape(-1), b["control_after"].reshape(-1)) if "control_before" in b else None
-            )
-            scores = score_block(
-                o,
-                u,
-                base=b["base"].reshape(-1) if "base" in b else None,
-                control=control,
-                sigma=sigma,
-                sigma_contrast=sigma_c,
-                control_mean=self._control_mean.get(name, 0.0),
-                eps=cfg.eps,
-                wanted=wanted + [f for f in feature_names if f not in wanted],
-            )
-            feeds = [(self._acc[s], scores[s]) for s in wanted if s != per_layer]
-            if per_layer == "raw":
-                feeds.append((group_acc, scores["raw"] if "raw" in scores else (u - o).abs()))
-            pending = [self._pool.submit(acc.add, values, cat) for acc, values in feeds]  # compiled, GIL-free
-            if "delta" in full:
-                full["delta"][lo:hi] = scores["raw"] if "raw" in scores else (u - o).abs()
-            for i in range(len(self.crossfield)):
-                full[f"crossfield{i}"][lo:hi] = (b[f"crossfield{i}"].reshape(-1) - o).abs()
-            if feature_names and sample.size:
-                picked = sample[np.searchsorted(sample, lo) : np.searchsorted(sample, hi)] - lo  # sample is sorted
-                if picked.size:
-                    idx = torch.from_numpy(picked)
-                    self._features.append(np.stack([scores[f][idx].double().numpy() for f in feature_names], axis=1))
-                    self._feature_cats.append(cat[idx].numpy())
-            for future in pending:
-                future.result()  # each accumulator is fed by one task per block, in block order
-        if current is not None:
-            self._finish_tensor(current, full, torch.cat(tensor_cats), group_acc)
-        results = {t: group_acc.result(t) for t in TARGETS}
-        self._group_auc[key] = {t: (r.value, r.error_bound) for t, r in results.items()}
-        if per_layer in self._acc:
-            group_acc.merge_into(self._acc[per_layer])
+        o, u, cat = b["before"].reshape(-1), b["after"].reshape(-1), b["cats"]
+        control = (b["control_before"].reshape(-1), b["control_after"].reshape(-1)) if "control_before" in b else None
+        scores = score_block(
+            o,
+            u,
+            base=b["base"].reshape(-1) if "base" in b else None,
+            control=control,
+            sigma=scoring.sigma,
+            sigma_contrast=scoring.sigma_contrast,
+            control_mean=self._control_mean.get(blk.name, 0.0),
+            eps=cfg.eps,
+            wanted=wanted + [f for f in feature_names if f not in wanted],
+            delta=b["delta"],
+            before_abs=b["before_abs"],
+        )
+        feeds = [(self._acc[s], scores[s]) for s in wanted if s != per_layer]
+        if per_layer == "raw":
+            feeds.append((self._group_acc, b["delta"]))
+        self._add_all(feeds, cat)
+        state = scoring.tensors[blk.name]
+        lo, hi = blk.lo, blk.hi
+        state.full["cats"][lo:hi] = cat
+        if "delta" in state.full:
+            state.full["delta"][lo:hi] = b["delta"]
+        for i in range(len(self.crossfield)):
+            state.full[f"crossfield{i}"][lo:hi] = (b[f"crossfield{i}"].reshape(-1) - o).abs()
+        sample = state.sample
+        if feature_names and sample.size:
+            picked = sample[np.searchsorted(sample, lo) : np.searchsorted(sample, hi)] - lo  # sample is sorted
+            if picked.size:
+                idx = torch.from_numpy(picked)
+                features = np.stack([scores[f][idx].double().numpy() for f in feature_names], axis=1)
+                scoring.samples[blk.seq] = (features, cat[idx].numpy())
+        with self._state_lock:
+            state.blocks_left -= 1
+            last = state.blocks_left == 0
+        if last:
+            self._finish_tensor(blk.name, state.full)
+            state.full = {}
 
-    def _finish_tensor(
-        self, name: str, full: dict[str, torch.Tensor], cat: torch.Tensor, group_acc: StreamingAUC
-    ) -> None:
+    def _add_all(self, feeds: list[tuple[StreamingAUC, torch.Tensor]], cats: torch.Tensor) -> None:
+        """Add each (accumulator, scores) pair, taking first the accumulators no other worker holds."""
+        todo = list(feeds)
+        while todo:
+            i = next((i for i, (acc, _) in enumerate(todo) if self._locks[id(acc)].acquire(blocking=False)), None)
+            if i is None:  # all held by other workers: wait for the first
+                i = 0
+                self._locks[id(todo[0][0])].acquire()
+            acc, values = todo.pop(i)
+            try:
+                acc.add(values, cats)
+            finally:
+                self._locks[id(acc)].release()
+
+    def _end_group(self, scoring: _GroupScoring) -> None:
+        """The group's AUCs, its accumulator merged into the universe's, its samples kept in file order."""
+        for seq in sorted(scoring.samples):
+            features, cats = scoring.samples[seq]
+            self._features.append(features)
+            self._feature_cats.append(cats)
+        group_acc = self._group_acc
+        results = {t: group_acc.result(t) for t in TARGETS}
+        self._group_auc[scoring.key] = {t: (r.value, r.error_bound) for t, r in results.items()}
+        if self.per_layer_score in self._acc:
+            group_acc.merge_into(self._acc[self.per_layer_score])
+
+    def _finish_tensor(self, name: str, full: dict[str, torch.Tensor]) -> None:
         """Whole-tensor scores: qtile (and the per-group AUC on it) and crossfield."""
+        cat = full["cats"]
         n, step = cat.numel(), self.config.block_elems
         if "delta" in full:
             ranked = torch.from_numpy(rank_categories(full.pop("delta").numpy(), cat.numpy()))  # cats by rank
-            qtile_acc = group_acc if self.per_layer_score == "qtile" else self._acc["qtile"]
-            for start in range(0, n, step):
-                qtile_acc.add_ranked(start, ranked[start : start + step], n)
+            qtile_acc = self._group_acc if self.per_layer_score == "qtile" else self._acc["qtile"]
+            with self._locks[id(qtile_acc)]:
+                for start in range(0, n, step):
+                    qtile_acc.add_ranked(start, ranked[start : start + step], n)
             del ranked
             _trim_after(n)
         if "crossfield" in self._acc:
@@ -563,8 +738,9 @@ class Localization:
                 for start in range(0, n, step):
                     idx = order[start : start + step]
                     crossed[idx] = torch.minimum(crossed[idx], qtile_values(start, start + idx.numel(), n))
-            for start in range(0, n, step):
-                self._acc["crossfield"].add(crossed[start : start + step], cat[start : start + step])
+            with self._locks[id(self._acc["crossfield"])]:
+                for start in range(0, n, step):
+                    self._acc["crossfield"].add(crossed[start : start + step], cat[start : start + step])
 
     def _sample_indices(self, numel: int) -> np.ndarray:
         """The composite's subsample of one tensor: the same fraction of every tensor (seeded)."""
