@@ -532,27 +532,31 @@ class Localization:
         if group is not None:
             scoring = self._start_group(group[0], group[1], blocks)
         hooks = collect is not None or not universe
-        inflight: list[Future[None]] = []
+        inflight: list[tuple[int, Future[None]]] = []
+        failed: list[tuple[int, BaseException]] = []
+
+        def settle(futures: list[tuple[int, Future[None]]]) -> None:
+            for seq, future in futures:
+                if (exc := future.exception()) is not None:  # waits for the block
+                    failed.append((seq, exc))
+                    self._abort = True  # the blocks still in flight skip their work
+
         limit = self.config.threads + 1  # blocks read or scored at once: bounds the memory
         try:
             for blk in blocks:
-                while len(inflight) >= limit:
-                    done, _ = wait(inflight, return_when=FIRST_COMPLETED)
-                    inflight = [f for f in inflight if f not in done]
-                    for f in done:
-                        f.result()
-                inflight.append(self._pool.submit(self._block_task, blk, universe, collect, hooks, scoring))
+                while len(inflight) >= limit and not failed:
+                    done, _ = wait([f for _, f in inflight], return_when=FIRST_COMPLETED)
+                    settle([(seq, f) for seq, f in inflight if f in done])
+                    inflight = [(seq, f) for seq, f in inflight if f not in done]
+                if failed:
+                    break
+                inflight.append((blk.seq, self._pool.submit(self._block_task, blk, universe, collect, hooks, scoring)))
         finally:
-            errors = []
-            for f in inflight:  # never cancel: a later block may be waiting for an earlier one's turn
-                try:
-                    f.result()
-                except BaseException as exc:  # noqa: BLE001 - re-raised below, the first in file order
-                    errors.append(exc)
-            if errors:
-                self._abort = True
-                raise errors[0]
-        self._abort = False
+            self._abort = self._abort or bool(failed)
+            settle(inflight)  # never cancel: a later block may be waiting for an earlier one's turn
+            self._abort = False
+        if failed:
+            raise min(failed, key=lambda f: f[0])[1]  # the first bad block in file order, as a sequential read
         if scoring is not None:
             self._end_group(scoring)
 

@@ -707,6 +707,23 @@ def test_nan_in_after_names_the_tensor(small_bench, tmp_path, name):
         score_pair(after, before=small_bench.paths["before"], masks=small_bench.masks, frag=False, progress=False)
 
 
+@pytest.mark.parametrize("threads", [1, 4])
+def test_first_bad_block_in_file_order_is_reported(small_bench, tmp_path, threads):
+    """Two poisoned tensors, blocks of one row on several workers: the error names the earlier tensor (as a
+    sequential read would), the walk does not hang, and no later block's error wins the race."""
+    first, later = "model.layers.0.self_attn.q_proj.weight", "model.layers.1.mlp.up_proj.weight"
+
+    def poison(v):
+        v[first].reshape(-1)[-1] = np.inf
+        v[later].reshape(-1)[0] = np.nan
+
+    after = _edited_copy(small_bench, tmp_path / "bad", poison)
+    config = LocalizationConfig(block_elems=1, threads=threads)
+    with pytest.raises(CheckpointError, match=re.escape(f"{first}' contains 1 NaN/inf values (rows 7-8)")):
+        score_pair(after, before=small_bench.paths["before"], masks=small_bench.masks, frag=False, progress=False,
+                   config=config)  # fmt: skip
+
+
 def test_unknown_score_name(small_bench):
     with pytest.raises(ValueError, match="unknown scores.*bogus"):
         small_bench.run(LocalizationConfig(scores=("raw", "bogus")))
@@ -766,6 +783,16 @@ def test_one_pass_and_threads_do_not_change_results(full_run):
         assert a["update_mass"] == pytest.approx(b["update_mass"], rel=1e-12)
     with pytest.raises(ValueError, match="threads"):
         LocalizationConfig(threads=0)
+
+
+def test_every_score_and_composite_are_independent_of_threads(full_run):
+    """Blocks are scored on worker threads in any order: every number (the two-pass scores with their group σ,
+    crossfield, the composite's samples) must come out the same for one thread and for several."""
+    bench, _ref, full = full_run  # the default thread count
+    one = bench.run(LocalizationConfig(block_elems=50, threads=1))
+    many = bench.run(LocalizationConfig(block_elems=50, threads=4))
+    for key in ("auc", "auc_error_bound", "precision_at_k", "baselines", "per_layer", "universe", "roc", "composite"):
+        assert one[key] == many[key] == full[key], key
 
 
 def test_missing_inputs_are_not_applicable(full_run):
