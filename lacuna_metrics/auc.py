@@ -4,11 +4,20 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
 
-from lacuna_metrics.kernels import clear_bins, histogram_add, merge_bins, occupied_bins, qtile_histogram_add
+from lacuna_metrics.kernels import (
+    TABLE_KEYS,
+    clear_bins,
+    fold_table,
+    histogram_add,
+    merge_bins,
+    occupied_bins,
+    qtile_histogram_add,
+)
 
 
 def roc_auc(scores: np.ndarray, labels: np.ndarray) -> float:
@@ -111,11 +120,14 @@ class StreamingAUC:
         self._low_min: torch.Tensor | None = None  # [bins] smallest nonzero low-order key bits per bin
         self._low_max: torch.Tensor | None = None  # [bins] largest (-1: none)
         self._off_edge: torch.Tensor | None = None  # [bins * 3] counts of keys not on their bin's lower edge
-        self._spare: tuple[torch.Tensor, ...] | None = None  # cleared histogram arrays kept by reset()
+        self._table: np.ndarray | None = None  # histogram_add's side table of bf16-like keys, folded on demand
+        self._table_used = False
+        self._spare: tuple[Any, ...] | None = None  # cleared histogram arrays kept by reset()
 
     @property
     def count(self) -> int:
         if self._counts is not None:
+            self._fold()
             return int(self._counts.sum())
         return self._buffered
 
@@ -151,26 +163,40 @@ class StreamingAUC:
         buffered, cats = self._scores, self._cats
         self._scores, self._cats = None, []
         if self._spare is not None:  # cleared by reset()
-            self._counts, self._off_edge, self._low_min, self._low_max = self._spare
+            self._counts, self._off_edge, self._low_min, self._low_max, self._table = self._spare
             self._spare = None
         else:
             self._counts = torch.zeros((1 << self.bits) * _NCAT, dtype=torch.int64)
             self._low_min = torch.full((1 << self.bits,), 1 << self._shift, dtype=torch.int64)
             self._low_max = torch.full((1 << self.bits,), -1, dtype=torch.int64)
             self._off_edge = torch.zeros_like(self._counts)
+            self._table = np.zeros(TABLE_KEYS * _NCAT, dtype=np.int64)
         for s, c in zip(buffered, cats, strict=True):
             self._histogram(s, c)
 
     def _arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """The spilled histogram as the kernels take it: counts, off-edge counts, low-bit minima and maxima."""
+        """The spilled histogram as the kernels take it (side table folded in): counts, off-edge counts, low-bit
+        minima and maxima."""
+        self._fold()
+        return self._raw_arrays()
+
+    def _raw_arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         assert self._counts is not None and self._off_edge is not None
         assert self._low_min is not None and self._low_max is not None
         return self._counts.numpy(), self._off_edge.numpy(), self._low_min.numpy(), self._low_max.numpy()
 
+    def _fold(self) -> None:
+        """Move the side table's counts into the histogram (cheap: 32768 entries, once per read-out)."""
+        if self._table_used:
+            assert self._table is not None
+            fold_table(self._table, self._shift, 1 << (self.bits - 1), *self._raw_arrays())
+            self._table_used = False
+
     def _histogram(self, scores: torch.Tensor, cats: torch.Tensor) -> None:
         half = 1 << (self.bits - 1)
+        self._table_used = True
         nan_at = histogram_add(
-            scores.contiguous().numpy(), cats.contiguous().numpy(), self._shift, half, *self._arrays()
+            scores.contiguous().numpy(), cats.contiguous().numpy(), self._shift, half, *self._raw_arrays(), self._table
         )
         if nan_at >= 0:
             raise ValueError(f"scores contain NaN (at index {nan_at} of the block)")
@@ -189,16 +215,18 @@ class StreamingAUC:
             return
         self._bins = None
         half = 1 << (self.bits - 1)
-        qtile_histogram_add(start, sorted_cats.contiguous().numpy(), n, self._shift, half, *self._arrays())
+        self._table_used = True
+        arrays = (*self._raw_arrays(), self._table)
+        qtile_histogram_add(start, sorted_cats.contiguous().numpy(), n, self._shift, half, *arrays)
 
     def reset(self) -> None:
         """Forget every score seen, back to exact (buffering) mode; a spilled histogram's memory is cleared
         bin by occupied bin and kept for the next spill, so one accumulator serves many groups cheaply."""
         if self._counts is not None:
-            arrays = self._arrays()
+            arrays = self._arrays()  # the side table is folded, so left empty
             clear_bins(occupied_bins(arrays[0]), *arrays, 1 << self._shift)
-            self._spare = (self._counts, self._off_edge, self._low_min, self._low_max)
-        self._counts = self._off_edge = self._low_min = self._low_max = None
+            self._spare = (self._counts, self._off_edge, self._low_min, self._low_max, self._table)
+        self._counts = self._off_edge = self._low_min = self._low_max = self._table = None
         self._scores, self._cats, self._buffered, self._bins = [], [], 0, None
 
     def merge_into(self, other: StreamingAUC) -> None:
@@ -228,6 +256,7 @@ class StreamingAUC:
 
     def _compute_bins(self) -> tuple[np.ndarray, np.ndarray]:
         if self._counts is not None:
+            self._fold()
             assert self._low_min is not None and self._low_max is not None and self._off_edge is not None
             occupied = occupied_bins(self._counts.numpy())  # ascending bin indices, usually few
             counts = self._counts.view(-1, _NCAT).numpy()[occupied]

@@ -75,6 +75,22 @@ class TensorInfo:
         return self.shape[0] if self.shape else 1
 
 
+class Scratch:
+    """Reused block buffers, one set per thread: reading block after block into fresh memory costs page faults
+    (the kernel zeroes every new page), reading into the same buffers does not. A block read with a scratch
+    is valid until the next read with the same scratch and key."""
+
+    def __init__(self) -> None:
+        self._buffers: dict[tuple[str, torch.dtype], torch.Tensor] = {}
+
+    def take(self, key: str, dtype: torch.dtype, count: int) -> torch.Tensor:
+        """A flat ``dtype`` tensor of ``count`` elements for ``key`` (grown when too small), contents undefined."""
+        buffer = self._buffers.get((key, dtype))
+        if buffer is None or buffer.numel() < count:
+            buffer = self._buffers[key, dtype] = torch.empty(count, dtype=dtype)
+        return buffer[:count]
+
+
 class Checkpoint:
     """A lazily read HF checkpoint directory (or a single ``.safetensors`` / ``.bin`` file).
 
@@ -188,19 +204,37 @@ class Checkpoint:
 
     # -- reading ------------------------------------------------------------------------------------
 
-    def read(self, name: str, start: int = 0, stop: int | None = None, *, check_finite: bool = True) -> torch.Tensor:
-        """Rows ``[start, stop)`` of the leading dimension of ``name`` as float32 (the whole tensor by default)."""
+    def read(
+        self,
+        name: str,
+        start: int = 0,
+        stop: int | None = None,
+        *,
+        check_finite: bool = True,
+        scratch: Scratch | None = None,
+    ) -> torch.Tensor:
+        """Rows ``[start, stop)`` of the leading dimension of ``name`` as float32 (the whole tensor by default).
+
+        With ``scratch`` the block lands in reused buffers (valid until the next read with the same scratch).
+        """
         info = self.info(name)
         stop = info.rows if stop is None else stop
         if not 0 <= start <= stop <= info.rows:
             raise CheckpointError(f"{info.file}: rows [{start}, {stop}) out of range for {name!r} {info.shape}")
-        raw = self.read_raw(name, start, stop)
-        out = raw.to(torch.float32) if raw.dtype != torch.float32 else raw
+        raw = self.read_raw(name, start, stop, scratch=scratch)
+        if raw.dtype == torch.float32:
+            out = raw
+        elif scratch is not None:
+            out = scratch.take(f"{self.path}:float32", torch.float32, raw.numel()).reshape(raw.shape).copy_(raw)
+        else:
+            out = raw.to(torch.float32)
         if check_finite and (bad := _nonfinite(out)):
             raise CheckpointError(f"{info.file}: tensor {name!r} contains {bad} NaN/inf values (rows {start}-{stop})")
         return out
 
-    def read_raw(self, name: str, start: int = 0, stop: int | None = None) -> torch.Tensor:
+    def read_raw(
+        self, name: str, start: int = 0, stop: int | None = None, *, scratch: Scratch | None = None
+    ) -> torch.Tensor:
         """Rows ``[start, stop)`` of ``name`` in the stored dtype, without the NaN check (masks, benchmarks)."""
         info = self.info(name)
         stop = info.rows if stop is None else stop
@@ -214,7 +248,9 @@ class Checkpoint:
             block = tensor[start:stop] if info.shape else tensor
             return block.reshape(shape).clone()
         count = (stop - start) * row_elems if info.shape else 1
-        out = torch.empty(count, dtype=info.dtype)
+        out = (
+            torch.empty(count, dtype=info.dtype) if scratch is None else scratch.take(str(self.path), info.dtype, count)
+        )
         if count:
             buf = out.view(torch.uint8).numpy()
             offset = info.offset + start * row_elems * _itemsize(info.dtype)

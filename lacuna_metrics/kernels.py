@@ -22,7 +22,9 @@ __all__ = [
     "categorize",
     "clear_bins",
     "count_nonfinite",
+    "TABLE_KEYS",
     "diff_square_sums",
+    "fold_table",
     "histogram_add",
     "merge_bins",
     "occupied_bins",
@@ -35,7 +37,7 @@ __all__ = [
 
 
 @njit(nogil=True, cache=True)
-def histogram_add(scores, cats, shift, half, counts, off_edge, low_min, low_max):  # pragma: no cover - compiled
+def histogram_add(scores, cats, shift, half, counts, off_edge, low_min, low_max, table):  # pragma: no cover
     """Add float32 ``scores`` with uint8 ``cats`` to the histogram.
 
     Returns −1, or the index ``i`` of the first NaN, or ``−2 − i`` for the first category code above 2.
@@ -43,6 +45,10 @@ def histogram_add(scores, cats, shift, half, counts, off_edge, low_min, low_max)
     ``counts[bin * 3 + cat]`` counts scalars; for keys off their bin's lower edge (nonzero low-order
     bits) ``off_edge`` counts them and ``low_min``/``low_max`` keep their smallest/largest low bits per bin.
     A block with a NaN is not added at all.
+
+    Non-negative scores whose low 16 bits are zero (every ``|θ|`` of a bf16 checkpoint, most ``|δ|`` of a bf16
+    pair) are counted in ``table[(key >> 16) * 3 + cat]`` instead (``int64[TABLE_KEYS * 3]``): one exact key per
+    entry, small enough to stay in cache, so about twice as fast. :func:`fold_table` moves it into the histogram.
     """
     bits = scores.view(np.int32)
     low_mask = np.int32((1 << shift) - 1)
@@ -64,6 +70,9 @@ def histogram_add(scores, cats, shift, half, counts, off_edge, low_min, low_max)
                 return -2 - i
     for i in range(bits.size):
         k = bits[i]
+        if k >= 0 and (k & 0xFFFF) == 0:
+            table[(k >> 16) * 3 + cats[i]] += 1
+            continue
         if k == -2147483648:  # -0.0 counts as +0.0
             k = 0
         k = k ^ ((k >> 31) & 0x7FFFFFFF)
@@ -78,6 +87,30 @@ def histogram_add(scores, cats, shift, half, counts, off_edge, low_min, low_max)
             if low > low_max[b]:
                 low_max[b] = low
     return -1
+
+
+#: Entries of :func:`histogram_add`'s side table: the top 16 bits of a non-negative key.
+TABLE_KEYS = 1 << 15
+
+
+@njit(nogil=True, cache=True)
+def fold_table(table, shift, half, counts, off_edge, low_min, low_max):  # pragma: no cover - compiled
+    """Move :func:`histogram_add`'s side table into the histogram (each entry is the exact key ``t << 16``) and
+    clear it."""
+    low_mask = (1 << shift) - 1
+    for t in range(table.size // 3):
+        if table[3 * t] | table[3 * t + 1] | table[3 * t + 2]:
+            k = t << 16
+            b = (k >> shift) + half
+            low = k & low_mask
+            for c in range(3):
+                counts[3 * b + c] += table[3 * t + c]
+                if low != 0:
+                    off_edge[3 * b + c] += table[3 * t + c]
+                table[3 * t + c] = 0
+            if low != 0:
+                low_min[b] = min(low_min[b], low)
+                low_max[b] = max(low_max[b], low)
 
 
 @njit(nogil=True, cache=True)
@@ -121,7 +154,9 @@ def clear_bins(occupied, counts, off_edge, low_min, low_max, low_empty):  # prag
 
 
 @njit(nogil=True, cache=True)
-def qtile_histogram_add(start, sorted_cats, n, shift, half, counts, off_edge, low_min, low_max):  # pragma: no cover
+def qtile_histogram_add(
+    start, sorted_cats, n, shift, half, counts, off_edge, low_min, low_max, table
+):  # pragma: no cover
     """Add ``qtile = float32(r / (n − 1))`` for ranks ``r = start + i`` with categories ``sorted_cats[i]``."""
     denom = np.float64(max(1, n - 1))
     chunk = 4096
@@ -130,7 +165,7 @@ def qtile_histogram_add(start, sorted_cats, n, shift, half, counts, off_edge, lo
         hi = min(sorted_cats.size, lo + chunk)
         for i in range(lo, hi):
             buf[i - lo] = np.float32(np.float64(start + i) / denom)
-        histogram_add(buf[: hi - lo], sorted_cats[lo:hi], shift, half, counts, off_edge, low_min, low_max)
+        histogram_add(buf[: hi - lo], sorted_cats[lo:hi], shift, half, counts, off_edge, low_min, low_max, table)
 
 
 @njit(nogil=True, cache=True)

@@ -19,6 +19,7 @@ the per-layer score is histogrammed once per group and then merged into the univ
 
 from __future__ import annotations
 
+import gc
 import math
 import os
 import threading
@@ -32,7 +33,7 @@ import numpy as np
 import torch
 
 from lacuna_metrics.auc import FORGET, OUTSIDE, RETAIN, TARGETS, StreamingAUC, qtile_values, roc_auc
-from lacuna_metrics.checkpoints import Checkpoint, CheckpointError, release_memory
+from lacuna_metrics.checkpoints import Checkpoint, CheckpointError, Scratch, release_memory
 from lacuna_metrics.kernels import categorize, pair_pass, rank_categories, stable_order
 from lacuna_metrics.masks import MaskError, MaskReader, component, layer_index
 
@@ -299,12 +300,25 @@ def _torch_threads(n: int) -> Iterator[None]:
         torch.set_num_threads(before)
 
 
+@contextmanager
+def _gc_frozen() -> Iterator[None]:
+    """Keep the objects that exist before the walk (torch, sklearn, ...) out of the garbage collector's sweeps
+    during it: the walk allocates small objects per block, whose collections otherwise re-scan them all."""
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
+
+
 class Localization:
     """Score one before/after pair against ground-truth masks; see the module docstring.
 
     ``crossfield`` lists the after-checkpoints of the same method on each field (spec: four).
     ``run(on_pair)`` walks every tensor of the checkpoints once (twice for the universe) and calls
-    ``on_pair(name, before_block, after_block)`` for each block, so distances and FRAG share the reads.
+    ``on_pair(name, before_block, after_block)`` for each block, so distances and FRAG share the reads. The
+    hook runs on a worker thread, one block at a time in file order; the blocks are reused buffers, valid only
+    during the call (copy what must outlive it).
     """
 
     def __init__(
@@ -340,6 +354,7 @@ class Localization:
         self._group_acc = StreamingAUC(cfg.bins_bits, cfg.exact_limit)  # reset for every (layer, component)
         self._locks = {id(acc): threading.Lock() for acc in (*self._acc.values(), self._group_acc)}
         self._state_lock = threading.Lock()
+        self._thread_state = threading.local()
         self._turnstile = _Turnstile()
         self._seq = 0  # blocks planned so far: the turnstile's order
         self._abort = False  # set when a block failed: the blocks still in flight skip their work
@@ -441,17 +456,27 @@ class Localization:
 
     def _read(self, blk: _Block, universe: bool) -> dict[str, torch.Tensor]:
         """Read one block of every source; in the universe also its mask and :meth:`_pair_pass`'s outputs."""
+        scratch = self._scratch()
         b = {
             # in the universe the pair's NaN/inf check is part of the pair pass
-            label: ck.read(blk.name, blk.start, blk.stop, check_finite=not universe or label not in _PAIR)
+            label: ck.read(
+                blk.name, blk.start, blk.stop, check_finite=not universe or label not in _PAIR, scratch=scratch
+            )
             for label, ck in self._sources(universe).items()
         }
         if universe:
-            b["mask"] = self.masks.read(blk.name, self.before.shape(blk.name), blk.start, blk.stop)
-            self._pair_pass(blk, b)
+            b["mask"] = self.masks.read(blk.name, self.before.shape(blk.name), blk.start, blk.stop, scratch=scratch)
+            self._pair_pass(blk, b, scratch)
         return b
 
-    def _pair_pass(self, blk: _Block, b: dict[str, torch.Tensor]) -> None:
+    def _scratch(self) -> Scratch:
+        """This worker thread's block buffers (a block is finished before its thread reads the next)."""
+        scratch = getattr(self._thread_state, "scratch", None)
+        if scratch is None:
+            scratch = self._thread_state.scratch = Scratch()
+        return scratch
+
+    def _pair_pass(self, blk: _Block, b: dict[str, torch.Tensor], scratch: Scratch) -> None:
         """Add the block's categories, |δ|, |θ_before| and sums (:func:`pair_pass`: one compiled pass), after
         the before/after NaN/inf check it also does (a bad value is reported as :meth:`Checkpoint.read` does)."""
         o = b["before"].reshape(-1).contiguous()
@@ -460,8 +485,8 @@ class Localization:
         if packed.dtype not in (torch.uint8, torch.int32):
             packed = packed.to(torch.int32)
         n = o.numel()
-        delta, before_abs = torch.empty(n), torch.empty(n)
-        cats, sums = torch.empty(n, dtype=torch.uint8), np.zeros(10)  # Σ|δ|, Σδ², ΣΔ² / count per category, bad
+        delta, before_abs = scratch.take("delta", torch.float32, n), scratch.take("before_abs", torch.float32, n)
+        cats, sums = scratch.take("cats", torch.uint8, n), np.zeros(10)  # Σ|δ|, Σδ², ΣΔ² / count per category, bad
         forget_bits, retain_bits = np.int32(self.masks.forget_bits), np.int32(self.masks.retain_bits)
         pair_pass(o.numpy(), u.numpy(), packed.numpy(), forget_bits, retain_bits, delta.numpy(), before_abs.numpy(),
                   cats.numpy(), sums)  # fmt: skip
@@ -479,7 +504,8 @@ class Localization:
         """Stream all tensors; return the localization section of the score JSON."""
         self._on_pair, self._progress = on_pair, progress
         with ThreadPoolExecutor(max_workers=self.config.threads, thread_name_prefix="lacuna-auc") as self._pool:
-            with _torch_threads(1):  # the walk parallelises by itself; torch's idle OpenMP workers would spin
+            # torch's idle OpenMP workers would spin: the walk parallelises by itself
+            with _torch_threads(1), _gc_frozen():  # see both helpers for why
                 self._walk()
             return self._results()
 

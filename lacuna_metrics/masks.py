@@ -25,12 +25,15 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 from safetensors import SafetensorError, safe_open
 
 from lacuna_metrics.manifest import save_tensors
+
+if TYPE_CHECKING:
+    from lacuna_metrics.checkpoints import Scratch
 
 __all__ = [
     "DEFAULT_ELIGIBLE_PATTERN",
@@ -780,13 +783,15 @@ class MaskReader:
         assert self._file is not None
         return self._file.shape(name)
 
-    def read(self, name: str, shape: tuple[int, ...], start: int, stop: int) -> torch.Tensor:
+    def read(
+        self, name: str, shape: tuple[int, ...], start: int, stop: int, *, scratch: Scratch | None = None
+    ) -> torch.Tensor:
         """Rows ``[start, stop)`` of the packed mask of ``name``, viewed with the parameter's ``shape``, in the
         stored bit field (uint8 or int32; the same bits)."""
         if self._memory is not None:
             return self._memory.packed[name].reshape(shape)[start:stop]
         assert self._file is not None
-        return self._file.read_raw(name, start, stop)
+        return self._file.read_raw(name, start, stop, scratch=scratch)
 
     def check_shape(self, name: str, shape: tuple[int, ...], source: str) -> None:
         """Fail with a message naming the tensor when its mask does not fit the parameter."""

@@ -18,10 +18,12 @@ from sklearn.metrics import roc_auc_score
 
 from lacuna_metrics.auc import TARGETS, StreamingAUC, float_keys
 from lacuna_metrics.kernels import (
+    TABLE_KEYS,
     categorize,
     clear_bins,
     count_nonfinite,
     diff_square_sums,
+    fold_table,
     histogram_add,
     merge_bins,
     occupied_bins,
@@ -61,6 +63,12 @@ def _scores(rng, n, kind):
         out = rng.normal(size=n) * 10.0 ** rng.integers(-40, 38, n)
     elif kind == "continuous":
         out = rng.normal(size=n)
+    elif kind == "bf16":  # |θ| and most |δ| of bf16 checkpoints: low 16 bits zero, the side table's keys
+        values = np.abs(rng.normal(size=n) * 10.0 ** rng.integers(-30, 30, n)).astype(np.float32)
+        out = (values.view(np.uint32) & 0xFFFF0000).view(np.float32)
+        out[rng.random(n) < 0.2] = 0.0
+        out[rng.random(n) < 0.1] *= np.float32(1.0 + 2.0**-20)  # some keys with low bits: the histogram's path
+        out[rng.random(n) < 0.1] *= -1
     else:
         raise AssertionError(kind)
     return np.asarray(out, dtype=np.float32)
@@ -100,7 +108,16 @@ def _reference_histogram_add(scores, cats, bits, counts, off_edge, low_min, low_
 
 
 def _kernel_histogram_add(scores, cats, bits, arrays):
-    return histogram_add(scores, cats, 32 - bits, 1 << (bits - 1), *arrays)
+    """histogram_add with a fresh side table, folded in afterwards: the pair must equal the numpy definition."""
+    table = np.zeros(TABLE_KEYS * 3, dtype=np.int64)
+    shift, half = 32 - bits, 1 << (bits - 1)
+    result = histogram_add(scores, cats, shift, half, *arrays, table)
+    if result == -1:
+        fold_table(table, shift, half, *arrays)
+        assert not table.any()  # folded means emptied
+    else:
+        assert not table.any()  # a rejected block leaves no trace in the table either
+    return result
 
 
 def _assert_same_arrays(got, expected):
@@ -109,7 +126,7 @@ def _assert_same_arrays(got, expected):
 
 
 @pytest.mark.parametrize("bits", [8, 12, 16, 20])
-@pytest.mark.parametrize("kind", ["special", "ties", "wide", "continuous"])
+@pytest.mark.parametrize("kind", ["special", "ties", "wide", "continuous", "bf16"])
 def test_histogram_add_matches_numpy(bits, kind):
     rng = np.random.default_rng([bits, len(kind)])
     got, expected = _empty_histogram(bits), _empty_histogram(bits)
