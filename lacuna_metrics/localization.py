@@ -885,6 +885,7 @@ class Localization:
         from sklearn.model_selection import StratifiedKFold, cross_val_predict
         from sklearn.pipeline import make_pipeline
         from sklearn.preprocessing import StandardScaler
+        from threadpoolctl import threadpool_limits
 
         x = np.concatenate(self._features)
         cats = np.concatenate(self._feature_cats)
@@ -902,7 +903,8 @@ class Localization:
                 continue
             model = make_pipeline(StandardScaler(), LogisticRegression(C=1.0, solver="lbfgs", max_iter=1000))
             cv = StratifiedKFold(n_splits=self.config.composite_folds)
-            with parallel_backend("threading", n_jobs=self.config.threads):  # folds in parallel, same result
+            # folds in parallel threads, same result; one BLAS/OpenMP thread each (nested pools only contend)
+            with parallel_backend("threading", n_jobs=self.config.threads), threadpool_limits(limits=1):
                 proba = cross_val_predict(model, x[keep], y, cv=cv, method="predict_proba")[:, 1]
             out["auc"][target] = roc_auc(proba, y)
         return out
