@@ -215,9 +215,7 @@ class StreamingAUC:
             return
         self._bins = None
         half = 1 << (self.bits - 1)
-        self._table_used = True
-        arrays = (*self._raw_arrays(), self._table)
-        qtile_histogram_add(start, sorted_cats.contiguous().numpy(), n, self._shift, half, *arrays)
+        qtile_histogram_add(start, sorted_cats.contiguous().numpy(), n, self._shift, half, *self._raw_arrays())
 
     def reset(self) -> None:
         """Forget every score seen, back to exact (buffering) mode; a spilled histogram's memory is cleared

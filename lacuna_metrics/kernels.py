@@ -154,18 +154,63 @@ def clear_bins(occupied, counts, off_edge, low_min, low_max, low_empty):  # prag
 
 
 @njit(nogil=True, cache=True)
-def qtile_histogram_add(
-    start, sorted_cats, n, shift, half, counts, off_edge, low_min, low_max, table
-):  # pragma: no cover
-    """Add ``qtile = float32(r / (n − 1))`` for ranks ``r = start + i`` with categories ``sorted_cats[i]``."""
+def qtile_histogram_add(start, sorted_cats, n, shift, half, counts, off_edge, low_min, low_max):  # pragma: no cover
+    """Add ``qtile = float32(r / (n − 1))`` for ranks ``r = start + i`` with categories ``sorted_cats[i]``.
+
+    The same counts as :func:`histogram_add` of those values, but the values ascend, so each bin is a run of
+    consecutive ranks: its counts and low-bit extremes are kept in registers and written once per bin.
+    """
     denom = np.float64(max(1, n - 1))
+    low_mask = np.int64((1 << shift) - 1)
     chunk = 4096
     buf = np.empty(chunk, dtype=np.float32)
+    keys = buf.view(np.int32)  # qtile >= 0: the float's bits are its key
+    current = -1
+    n0 = n1 = n2 = 0
+    f0 = f1 = f2 = 0
+    lo_min = np.int64(1) << shift
+    lo_max = np.int64(-1)
     for lo in range(0, sorted_cats.size, chunk):
         hi = min(sorted_cats.size, lo + chunk)
         for i in range(lo, hi):
             buf[i - lo] = np.float32(np.float64(start + i) / denom)
-        histogram_add(buf[: hi - lo], sorted_cats[lo:hi], shift, half, counts, off_edge, low_min, low_max, table)
+        for i in range(lo, hi):
+            k = np.int64(keys[i - lo])
+            b = (k >> shift) + half
+            if b != current:
+                if current >= 0:
+                    _flush_run(current, n0, n1, n2, f0, f1, f2, lo_min, lo_max, counts, off_edge, low_min, low_max)
+                current = b
+                n0 = n1 = n2 = 0
+                f0 = f1 = f2 = 0
+                lo_min = np.int64(1) << shift
+                lo_max = np.int64(-1)
+            c = sorted_cats[i]
+            n0 += c == 0
+            n1 += c == 1
+            n2 += c == 2
+            low = k & low_mask
+            if low != 0:
+                f0 += c == 0
+                f1 += c == 1
+                f2 += c == 2
+                lo_min = min(lo_min, low)
+                lo_max = max(lo_max, low)
+    if current >= 0:
+        _flush_run(current, n0, n1, n2, f0, f1, f2, lo_min, lo_max, counts, off_edge, low_min, low_max)
+
+
+@njit(nogil=True, cache=True)
+def _flush_run(b, n0, n1, n2, f0, f1, f2, lo_min, lo_max, counts, off_edge, low_min, low_max):  # pragma: no cover
+    counts[3 * b] += n0
+    counts[3 * b + 1] += n1
+    counts[3 * b + 2] += n2
+    off_edge[3 * b] += f0
+    off_edge[3 * b + 1] += f1
+    off_edge[3 * b + 2] += f2
+    if lo_max >= 0:
+        low_min[b] = min(low_min[b], lo_min)
+        low_max[b] = max(low_max[b], lo_max)
 
 
 @njit(nogil=True, cache=True)

@@ -8,13 +8,15 @@ so memory is bounded by the largest tensor, never the model.
 
 Two passes per (layer, component) group when a requested score normalises by a group statistic
 (``layernorm``, ``contrastln``, ``compnorm``, also as composite features): the first collects σ of δ
-and of the contrast per group, the mean control δ′ per tensor and the categories; the second re-reads
+and of the contrast per group and the mean control δ′ per tensor; the second re-reads
 the group (now in the page cache) and scores it. Otherwise one pass scores while reading. ``qtile`` and
 ``crossfield`` need the whole tensor's ranks, so they sort one tensor at a time (a radix sort).
 
-The per-scalar work (categories, sums, histogram updates, the sort) runs in the compiled kernels of
-:mod:`lacuna_metrics.kernels`; the histogram updates of different scores run in parallel threads, and
-the per-layer score is histogrammed once per group and then merged into the universe's histogram.
+The walk runs on worker threads (``LocalizationConfig.threads``), each reading and scoring whole blocks: one
+compiled pass per block (:func:`~lacuna_metrics.kernels.pair_pass`) gives categories, |δ|, |θ_before| and the
+group sums, then every score's accumulator is updated under its own lock. Hooks run in file order (a turnstile)
+and sums are folded in file order, so no number depends on the thread count. The per-layer score is
+histogrammed once per group and then merged into the universe's histogram.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import gc
 import math
 import os
 import threading
+import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from contextlib import contextmanager
@@ -359,6 +362,7 @@ class Localization:
         self._seq = 0  # blocks planned so far: the turnstile's order
         self._abort = False  # set when a block failed: the blocks still in flight skip their work
         self._on_pair: PairHook | None = None
+        self.timings: dict[str, float] = {}  # wall seconds of the walk and of the composite, set by run()
         self._progress: Callable[[int], None] | None = None
         self._group_auc: dict[tuple[int, str], dict[str, Any]] = {}  # per-group AUCs, kept as numbers
         self._group_stats: dict[tuple[int, str], _GroupStats] = {}
@@ -504,9 +508,11 @@ class Localization:
         """Stream all tensors; return the localization section of the score JSON."""
         self._on_pair, self._progress = on_pair, progress
         with ThreadPoolExecutor(max_workers=self.config.threads, thread_name_prefix="lacuna-auc") as self._pool:
+            started = time.perf_counter()
             # torch's idle OpenMP workers would spin: the walk parallelises by itself
             with _torch_threads(1), _gc_frozen():  # see both helpers for why
                 self._walk()
+            self.timings["walk_seconds"] = round(time.perf_counter() - started, 3)
             return self._results()
 
     def _walk(self) -> None:
@@ -805,7 +811,9 @@ class Localization:
         self._acc = {s: StreamingAUC(cfg.bins_bits, cfg.exact_limit) for s in self._acc}
         self._group_acc = StreamingAUC(cfg.bins_bits, cfg.exact_limit)
         release_memory()
+        started = time.perf_counter()
         composite = self._composite()
+        self.timings["composite_seconds"] = round(time.perf_counter() - started, 3)  # spec-fixed fits
         for target in TARGETS:
             auc[target], bounds[target], precision[target], roc[target] = {}, {}, {}, {}
             for s in self.scores:

@@ -144,8 +144,9 @@ def score_pair(
                 config=config,
             )
             loc = localization.run(on_pair, bar.update)
+            timings: dict[str, float] | None = localization.timings
         else:
-            loc = None
+            loc = timings = None
             _walk_pairs(
                 ckpts["before"], ckpts["after"], on_pair, bar.update, (config or LocalizationConfig()).block_elems
             )
@@ -183,6 +184,7 @@ def score_pair(
         "versions": package_versions(),
         "hardware": hardware(),
         "wall_seconds": round(time.time() - started, 3),
+        "localization_timings": timings,
     }
     return result
 

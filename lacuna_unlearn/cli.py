@@ -295,7 +295,9 @@ def build_parser() -> argparse.ArgumentParser:
     score.add_argument("--exact-limit", type=int, default=1 << 22, help="scalars scored exactly in memory per score")
     score.add_argument("--seed", type=int, default=42)
     score.add_argument(
-        "--threads", type=int, help="threads for histogram updates and composite folds (default: CPUs, at most 4)"
+        "--threads",
+        type=int,
+        help="worker threads, each reading and scoring whole blocks; also the composite's folds (default: CPUs, at most 4)",
     )
     score.add_argument("--out", help="output directory (default: AFTER/lacuna_score)")
     score.add_argument("--plots", action="store_true", help="also write plots/roc.png and plots/layers.png")

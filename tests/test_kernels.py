@@ -544,10 +544,10 @@ def _snapshot(acc):
 
 
 def _histogram_state(acc):
-    """White-box: the histogram arrays of a spilled accumulator (None while exact)."""
+    """White-box: the histogram arrays of a spilled accumulator, side table folded in (None while exact)."""
     if acc._counts is None:
         return None
-    return tuple(t.numpy().copy() for t in (acc._counts, acc._off_edge, acc._low_min, acc._low_max))
+    return tuple(a.copy() for a in acc._arrays())
 
 
 MERGE_CASES = [
