@@ -25,7 +25,14 @@ from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import StandardScaler
 
 from lacuna_metrics.checkpoints import Checkpoint, CheckpointError
-from lacuna_metrics.localization import BASELINES, COMPOSITE_FEATURES, SCORES, Localization, LocalizationConfig
+from lacuna_metrics.localization import (
+    BASELINES,
+    COMPOSITE_FEATURES,
+    SCORES,
+    Localization,
+    LocalizationConfig,
+    out_of_fold_proba,
+)
 from lacuna_metrics.masks import MaskError, MaskReader, MaskSet, component, save_masks
 from lacuna_metrics.score import score_pair
 
@@ -586,6 +593,24 @@ def test_composite_matches_sklearn_pipeline(full_run):
         expected = ref_composite(ref, target)
         assert comp["auc"][target] == pytest.approx(expected, abs=1e-9), target
         assert result["auc"][target]["composite"] == comp["auc"][target]
+
+
+@pytest.mark.parametrize("threads", [1, 3])
+def test_out_of_fold_proba_is_cross_val_predict_bit_for_bit(threads):
+    """The composite's pooled fits give exactly sklearn's cross_val_predict, for each problem and any threads."""
+    rng = np.random.default_rng(5)
+    problems = {}
+    for name, n in (("a", 900), ("b", 400)):
+        y = rng.random(n) < 0.2
+        x = rng.normal(size=(n, 3)) + y[:, None] * np.array([0.8, 0.0, -0.3])
+        x[:, 1] = np.round(x[:, 1])  # ties
+        problems[name] = (x, y)
+    got = out_of_fold_proba(problems, 5, threads)
+    assert set(got) == {"a", "b"}
+    for name, (x, y) in problems.items():
+        model = make_pipeline(StandardScaler(), LogisticRegression(C=1.0, solver="lbfgs", max_iter=1000))
+        expected = cross_val_predict(model, x, y, cv=StratifiedKFold(n_splits=5), method="predict_proba")[:, 1]
+        assert np.array_equal(got[name], expected), name
 
 
 def test_composite_features_follow_available_inputs(tmp_path):
