@@ -302,7 +302,7 @@ def diff_square_sums(before, after):  # pragma: no cover - compiled
 @njit(nogil=True, cache=True)
 def stable_order(scores):  # pragma: no cover - compiled
     """Stable argsort of float32 ``scores`` (ties keep index order) as uint32 indices; see :func:`stable_sorted`."""
-    return stable_sorted(scores, np.arange(scores.size).astype(np.uint32))
+    return stable_sorted(scores, np.arange(scores.size, dtype=np.uint32))
 
 
 @njit(nogil=True, cache=True)
@@ -311,59 +311,67 @@ def rank_categories(scores, cats):  # pragma: no cover - compiled
     return stable_sorted(scores, cats)
 
 
+@njit(inline="always")  # inlined in numba IR: called, its error-status checks slow the loops down
+def _sort_key(bits):  # pragma: no cover - compiled
+    """uint32-range sort key of float32 raw ``bits`` (int32): ``2**31 + bits`` if ≥ 0, else ``−bits``.
+
+    Strictly increasing in the float (NaNs by their raw bits), −0 and +0 both ``2**31``: it is
+    :func:`lacuna_metrics.auc.signed_keys` ``+ 2**31``, plus 1 for negatives, so that its low 16 bits are
+    zero exactly when the float's are, for either sign.
+    """
+    k = np.int64(bits)
+    return k + 2147483648 if k >= 0 else -k
+
+
 @njit(nogil=True, cache=True)
 def stable_sorted(scores, payload):  # pragma: no cover - compiled
     """``payload`` permuted into the stable ascending order of float32 ``scores`` (−0 and +0 tie).
 
-    Zeros (most of an unlearning update's δ) keep index order, between the negatives and the positives,
-    so only the other scores go through the LSD radix sort (two 16-bit passes). About 10 ns per sorted
-    scalar here, vs about 100 ns for numpy's sort of packed (key, index) uint64 pairs. NaN has no rank
-    here (its raw bits decide); the scorer never passes one, since checkpoint reads reject non-finite weights.
+    A radix sort by :func:`_sort_key` that skips the low-half pass for keys whose low 16 bits are zero:
+    every zero and bf16 value and ~99% of the differences of bf16 weights, so most ``qtile`` scores. Such
+    a key is the smallest of its high-half bucket, so one counting pass and one scatter by the high half
+    (in index order) put it in place; the keys with low bits then get the two LSD passes (by the low half
+    into a buffer, by the high half into the rest of their bucket). Exactly the stable order by key, on any
+    input, in 2 passes over the data plus 2 over the keys with low bits (5 before): about 3 ns per scalar
+    on a bf16 pair's ``|δ|`` (was 6), 15 on random float32 (was 19), uint8 payload. NaN has no rank here
+    (its raw bits decide); the scorer never passes one, since checkpoint reads reject non-finite weights.
     """
     n = scores.size
     bits = scores.view(np.int32)
     out = np.empty(n, dtype=payload.dtype)
-    n_zero = 0
-    n_neg = 0
+    tables = np.zeros(2 * 65536 + 1, dtype=np.int64)  # one block: two would be page-faulted in on every call
+    counts = tables[:65537]  # by the high half, all keys: bucket starts
+    lows = tables[65537:]  # by the low half, all keys (a branch would mispredict on mixed data)
     for i in range(n):
-        zero = (bits[i] & 0x7FFFFFFF) == 0
-        n_zero += zero
-        n_neg += (bits[i] < 0) & (not zero)
-    m = n - n_zero
-    keys = np.empty(m, dtype=np.uint32)
-    rest = np.empty(m, dtype=payload.dtype)
-    counts = np.zeros(65537, dtype=np.int64)
-    j = 0
-    z = n_neg
-    for i in range(n):
-        k = bits[i]
-        if (k & 0x7FFFFFFF) == 0:
-            out[z] = payload[i]
-            z += 1
-        else:
-            key = np.uint32(np.int64(k ^ ((k >> 31) & 0x7FFFFFFF)) + 2147483648)
-            keys[j] = key
-            rest[j] = payload[i]
-            j += 1
-            counts[(key & 0xFFFF) + 1] += 1
+        key = _sort_key(bits[i])
+        counts[(key >> 16) + 1] += 1
+        lows[key & 0xFFFF] += 1
     for b in range(65536):
         counts[b + 1] += counts[b]
-    high = np.empty(m, dtype=np.uint16)  # pass 1, by the low 16 bits: carry the high half and the payload
+    lows[0] = 0  # keys with a zero low half skip the low pass
+    m = 0
+    for b in range(65536):
+        c = lows[b]
+        lows[b] = m
+        m += c
+    high = np.empty(m, dtype=np.uint16)  # the m keys with low bits, by their low half: high half, payload
     first = np.empty(m, dtype=payload.dtype)
-    for i in range(m):
-        b = keys[i] & 0xFFFF
-        j = counts[b]
-        counts[b] = j + 1
-        high[j] = keys[i] >> 16
-        first[j] = rest[i]
-    counts[:] = 0
-    for i in range(m):
-        counts[np.int64(high[i]) + 1] += 1
-    for b in range(65536):
-        counts[b + 1] += counts[b]
-    for i in range(m):  # pass 2, by the high 16 bits (stable: ties keep pass-1 order); zeros sit at n_neg…
+    for i in range(n):
+        key = _sort_key(bits[i])
+        low = key & 0xFFFF
+        if low == 0:  # first in its bucket, in index order
+            b = key >> 16
+            j = counts[b]
+            counts[b] = j + 1
+            out[j] = payload[i]
+        else:
+            j = lows[low]
+            lows[low] = j + 1
+            high[j] = key >> 16
+            first[j] = payload[i]
+    for i in range(m):  # by the high half, after the bucket's zero-low keys (stable: ties keep low order)
         b = np.int64(high[i])
         j = counts[b]
         counts[b] = j + 1
-        out[j if j < n_neg else j + n_zero] = first[i]
+        out[j] = first[i]
     return out

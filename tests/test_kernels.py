@@ -1,7 +1,8 @@
 """Compiled kernels of the scorer (``lacuna_metrics.kernels``) against plain-numpy definitions written here.
 
 Covers ``histogram_add`` (bins, off-edge counts, low-bit extremes, NaN and bad-category rejection),
-``stable_order`` (and ``within_tensor_quantile``), ``categorize`` (and ``categories``), ``pair_pass``,
+``stable_sorted``/``stable_order``/``rank_categories`` (bf16 keys with and without low bits, big buckets;
+and ``within_tensor_quantile``), ``categorize`` (and ``categories``), ``pair_pass``,
 ``diff_square_sums``, ``count_nonfinite``, the histogram bookkeeping kernels ``occupied_bins``/``clear_bins``/
 ``merge_bins`` directly and through ``StreamingAUC.merge_into``/``reset``, and ``qtile_histogram_add`` through
 ``StreamingAUC.add_ranked``. Inputs are small and include signed zeros, ±inf, denormals and heavy ties.
@@ -28,7 +29,9 @@ from lacuna_metrics.kernels import (
     merge_bins,
     occupied_bins,
     pair_pass,
+    rank_categories,
     stable_order,
+    stable_sorted,
 )
 from lacuna_metrics.localization import categories, qtile_values, within_tensor_quantile
 from lacuna_metrics.masks import group_bits
@@ -266,6 +269,110 @@ def test_stable_order_heavy_ties_keep_index_order():
     assert (np.diff(keys) >= 0).all()
     same = np.diff(keys) == 0
     assert (np.diff(order)[same] > 0).all()  # within a tie, ascending indices
+
+
+def _bf16(values):
+    """float32 values truncated to bf16: the low 16 bits of the pattern zero, one exact key per high half."""
+    return (np.asarray(values, dtype=np.float32).view(np.uint32) & 0xFFFF0000).view(np.float32)
+
+
+def _with_low_bits(rng, values, fraction):
+    """A copy of float32 ``values`` with random nonzero low 16 bits on about ``fraction`` of them (same high half)."""
+    out = np.array(values, dtype=np.float32)
+    pick = np.flatnonzero(rng.random(out.size) < fraction)
+    patterns = out.view(np.uint32)
+    patterns[pick] = (patterns[pick] & 0xFFFF0000) | rng.integers(1, 1 << 16, pick.size).astype(np.uint32)
+    return out
+
+
+def _sort_scores(rng, n, kind):
+    """float32 inputs for both paths of ``stable_sorted``: keys whose low half is zero, and the others."""
+    if kind == "bf16":  # every low half zero: only the high-half pass; both signs, signed zeros, wide range
+        out = _bf16(rng.normal(size=n) * 10.0 ** rng.integers(-30, 30, n))
+        out[rng.random(n) < 0.3] = 0.0
+        out[rng.random(n) < 0.1] = -0.0
+    elif kind == "bf16 few":  # bf16 keys, 2% others in their buckets, 1% in buckets of their own
+        out = _with_low_bits(rng, rng.choice(np.float32([-3, -1, -0.5, -0.0, 0, 0.25, 1, 2]), n), 0.02)
+        alone = rng.random(n) < 0.01  # ±5 and the denormals next to zero's bucket: no bf16 key there
+        out[alone] = _with_low_bits(rng, rng.choice(np.float32([-5, 5, -0.0, 0]), alone.sum()), 1.0)
+    elif kind == "delta":  # |after − before| of a bf16 checkpoint pair, as the qtile score sees it
+        before = _bf16(rng.normal(size=n) * 0.02)
+        moved = rng.random(n) < 0.4
+        out = np.abs(_bf16(before + rng.normal(size=n) * 5e-4 * moved) - before)
+    elif kind == "big buckets":  # ±[1, 2): 256 buckets of many varied low halves, some bf16 keys, some ties
+        out = (1.0 + rng.random(n)).astype(np.float32) * rng.choice(np.float32([-1, 1]), n)
+        flat = rng.random(n) < 0.2
+        out[flat] = _bf16(out[flat])
+        out[rng.random(n) < 0.1] = out[:1]
+    elif kind == "ties":  # a handful of values, each repeated, with and without low bits, and signed zeros
+        pool = np.float32([-1.5, -1.0, -0.0, 0.0, 1.0, 1.5, 7.0])
+        out = rng.choice(np.concatenate([pool, _with_low_bits(rng, pool[[0, 1, 4, 6]], 1.0)]), n)
+    else:
+        raise AssertionError(kind)
+    return np.asarray(out, dtype=np.float32)
+
+
+def _assert_stable_sorted(scores, rng):
+    """``stable_order``, ``rank_categories`` and ``stable_sorted`` against numpy's stable argsort (−0.0 → +0.0)."""
+    before = scores.copy()
+    expected = np.argsort(scores + np.float32(0.0), kind="stable")
+    order = stable_order(scores)
+    assert order.dtype == np.uint32 and order.shape == scores.shape
+    np.testing.assert_array_equal(order, expected)
+    cats = rng.integers(0, 3, scores.size).astype(np.uint8)
+    ranked = rank_categories(scores, cats)
+    assert ranked.dtype == np.uint8
+    np.testing.assert_array_equal(ranked, cats[expected])
+    payload = rng.integers(-(2**62), 2**62, scores.size)  # any payload dtype
+    np.testing.assert_array_equal(stable_sorted(scores, payload), payload[expected])
+    np.testing.assert_array_equal(scores.view(np.uint32), before.view(np.uint32))  # input untouched
+
+
+@pytest.mark.parametrize("kind", ["bf16", "bf16 few", "delta", "big buckets", "ties"])
+@pytest.mark.parametrize("n", [0, 1, 2, 17, 1000, 70_000])
+def test_stable_sorted_matches_stable_argsort(kind, n):
+    rng = np.random.default_rng([n, len(kind), 7])
+    scores = _sort_scores(rng, n, kind)
+    low = (scores.view(np.uint32) & 0xFFFF) != 0
+    if kind == "bf16":
+        assert not low.any()
+    elif n >= 1000 and kind != "delta":  # both paths, and buckets holding both kinds of keys
+        high = scores.view(np.uint32) >> 16
+        assert low.any() and not low.all()
+        assert np.intersect1d(high[low], high[~low]).size > 0
+        if kind == "bf16 few":
+            assert np.setdiff1d(high[low], high[~low]).size > 0  # and buckets with only keys with low bits
+    _assert_stable_sorted(scores, rng)
+
+
+@pytest.mark.parametrize("sign", [1, -1])
+def test_stable_sorted_one_huge_bucket(sign):
+    # 300 000 keys in one high-half bucket: 1 + k ulps (k < 2**16) with heavy ties, k = 0 the bucket's bf16 key
+    rng = np.random.default_rng(5)
+    k = rng.integers(0, 1 << 16, 300_000)
+    k[rng.random(k.size) < 0.3] = 0
+    k[rng.random(k.size) < 0.1] = 12345
+    scores = ((0x3F800000 + k).astype(np.uint32).view(np.float32) * np.float32(sign)).astype(np.float32)
+    assert np.unique(scores.view(np.uint32) >> 16).size == 1
+    _assert_stable_sorted(scores, rng)
+
+
+def test_stable_sorted_bucket_hand_cases():
+    rng = np.random.default_rng(3)
+    # one bucket (and its neighbours): the bf16 key first in index order, then the others by their low half
+    pos = _bits_as_f32(0x3F800002, 0x3F800000, 0x3F80FFFF, 0x3F800001, 0x3F800000, 0x3F810000, 0x3F7FFFFF, 0x3F800002)
+    assert stable_order(pos).tolist() == [6, 1, 4, 3, 0, 7, 2, 5]
+    # the same magnitudes negated: the bucket's bf16 key (the smallest magnitude) is now its largest value
+    neg = _bits_as_f32(*(int(p) | 0x80000000 for p in pos.view(np.uint32)))
+    assert stable_order(neg).tolist() == [5, 2, 0, 7, 3, 1, 4, 6]
+    # signed zeros between the denormals of the same high halves (±0x0000xxxx and ±0x0001xxxx)
+    zeros = _bits_as_f32(1, 0x80000000, 0x80000001, 0, 0xFFFF, 0x10000, 0x8000FFFF, 0x80010000, 0x80000000)
+    assert stable_order(zeros).tolist() == [7, 6, 2, 1, 3, 8, 0, 4, 5]
+    # extremes: ±inf, ±max and the smallest denormals
+    ends = np.array([BIG, -np.inf, TINY, -BIG, np.inf, -TINY, 0.0, -0.0], dtype=np.float32)
+    assert stable_order(ends).tolist() == [1, 3, 5, 6, 7, 2, 0, 4]
+    for scores in (pos, neg, zeros, ends, np.concatenate([pos, neg, zeros, ends])):
+        _assert_stable_sorted(scores, rng)
 
 
 @pytest.mark.parametrize("shape", [(0,), (1,), (37, 29), (4, 8, 300)])
