@@ -820,6 +820,18 @@ def test_every_score_and_composite_are_independent_of_threads(full_run):
         assert one[key] == many[key] == full[key], key
 
 
+def test_buffered_and_reread_groups_score_the_same(full_run):
+    """The group-normalised scores (layernorm, compnorm, contrastln, also as composite features) come from the
+    group's buffers once its σ is known, or, for groups over ``group_buffer_scalars``, from a second read: the
+    same numbers, bit for bit."""
+    bench, _ref, buffered = full_run  # the default: every group buffered
+    reread = bench.run(LocalizationConfig(block_elems=50, group_buffer_scalars=0))
+    groups = len(buffered["per_layer"])
+    assert buffered["settings"]["reread_groups"] == 0 and reread["settings"]["reread_groups"] == groups > 0
+    for key in ("auc", "auc_error_bound", "precision_at_k", "baselines", "per_layer", "universe", "roc", "composite"):
+        assert reread[key] == buffered[key], key
+
+
 def test_missing_inputs_are_not_applicable(full_run):
     bench, ref, _ = full_run
     res = bench.run(LocalizationConfig(composite=False), base=False, control=False, crossfield=("cf0",))
