@@ -14,6 +14,7 @@ from lacuna_metrics.kernels import (
     clear_bins,
     fold_table,
     histogram_add,
+    histogram_add_counts,
     merge_bins,
     occupied_bins,
     qtile_histogram_add,
@@ -77,6 +78,14 @@ def signed_keys(scores: torch.Tensor) -> torch.Tensor:
 def qtile_values(start: int, stop: int, n: int) -> torch.Tensor:
     """``qtile`` of ranks ``[start, stop)`` in a tensor of ``n`` scalars: rank / (n − 1) as float32."""
     return (torch.arange(start, stop, dtype=torch.float64) / max(1, n - 1)).to(torch.float32)
+
+
+def _raise_rejected(code: int, cats: torch.Tensor) -> None:
+    """The error for a histogram kernel's return code (−1: added; ``i`` ≥ 0: NaN at ``i``; −2 − i: bad category)."""
+    if code >= 0:
+        raise ValueError(f"scores contain NaN (at index {code} of the block)")
+    if code < -1:
+        raise ValueError(_BAD_CATEGORY.format(int(cats[-2 - code])))
 
 
 @dataclass
@@ -198,10 +207,28 @@ class StreamingAUC:
         nan_at = histogram_add(
             scores.contiguous().numpy(), cats.contiguous().numpy(), self._shift, half, *self._raw_arrays(), self._table
         )
-        if nan_at >= 0:
-            raise ValueError(f"scores contain NaN (at index {nan_at} of the block)")
-        if nan_at < -1:
-            raise ValueError(_BAD_CATEGORY.format(int(cats[-2 - nan_at])))
+        _raise_rejected(nan_at, cats)
+
+    def add_counts(self, scores: torch.Tensor, cats: torch.Tensor, weights: torch.Tensor) -> None:
+        """Add each score ``weights[i]`` times (int64 ≥ 0): the same as :meth:`add` of the repeated scores, for a
+        function of few distinct values (their counts), at the cost of one update per value."""
+        scores = scores.reshape(-1).to(torch.float32)
+        cats = cats.reshape(-1).to(torch.uint8)
+        weights = weights.reshape(-1).to(torch.int64)
+        if not scores.numel() == cats.numel() == weights.numel():
+            raise ValueError(f"{scores.numel()} scores, {cats.numel()} categories and {weights.numel()} weights")
+        if weights.numel() and int(weights.min()) < 0:
+            raise ValueError(f"weights must be >= 0, got {int(weights.min())}")
+        if self._scores is not None:
+            self.add(torch.repeat_interleave(scores, weights), torch.repeat_interleave(cats, weights))
+            return
+        self._bins = None
+        half = 1 << (self.bits - 1)
+        nan_at = histogram_add_counts(
+            scores.contiguous().numpy(), cats.contiguous().numpy(), weights.contiguous().numpy(), self._shift, half,
+            *self._raw_arrays(),
+        )  # fmt: skip
+        _raise_rejected(nan_at, cats)
 
     def add_ranked(self, start: int, sorted_cats: torch.Tensor, n: int) -> None:
         """Add ``qtile`` scores ``r / (n − 1)`` (float32) of ranks ``r = start, start + 1, …`` whose categories

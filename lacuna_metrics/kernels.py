@@ -25,7 +25,9 @@ __all__ = [
     "TABLE_KEYS",
     "diff_square_sums",
     "fold_table",
+    "bf16_value_counts",
     "histogram_add",
+    "histogram_add_counts",
     "merge_bins",
     "occupied_bins",
     "pair_pass",
@@ -52,22 +54,9 @@ def histogram_add(scores, cats, shift, half, counts, off_edge, low_min, low_max,
     """
     bits = scores.view(np.int32)
     low_mask = np.int32((1 << shift) - 1)
-    # checked first, so that a rejected block leaves no trace; counting loops vectorise (an early exit would
-    # not, and cost as much as the update itself), the index is searched only when there is something to find
-    nan = 0
-    for i in range(bits.size):
-        nan += (bits[i] & 0x7FFFFFFF) > 0x7F800000
-    if nan:
-        for i in range(bits.size):
-            if (bits[i] & 0x7FFFFFFF) > 0x7F800000:
-                return i
-    bad = 0
-    for i in range(cats.size):
-        bad += cats[i] > 2
-    if bad:
-        for i in range(cats.size):
-            if cats[i] > 2:
-                return -2 - i
+    rejected = _first_bad(bits, cats)
+    if rejected != -1:
+        return rejected
     for i in range(bits.size):
         k = bits[i]
         if k >= 0 and (k & 0xFFFF) == 0:
@@ -87,6 +76,82 @@ def histogram_add(scores, cats, shift, half, counts, off_edge, low_min, low_max,
             if low > low_max[b]:
                 low_max[b] = low
     return -1
+
+
+@njit(nogil=True, cache=True)
+def _first_bad(bits, cats):  # pragma: no cover - compiled
+    """−1, or the index ``i`` of the first NaN among float32 ``bits``, or ``−2 − i`` for the first category above 2.
+
+    Checked before a histogram update, so that a rejected block leaves no trace; counting loops vectorise (an
+    early exit would not, and cost as much as the update itself), the index is searched only when there is
+    something to find."""
+    nan = 0
+    for i in range(bits.size):
+        nan += (bits[i] & 0x7FFFFFFF) > 0x7F800000
+    if nan:
+        for i in range(bits.size):
+            if (bits[i] & 0x7FFFFFFF) > 0x7F800000:
+                return i
+    bad = 0
+    for i in range(cats.size):
+        bad += cats[i] > 2
+    if bad:
+        for i in range(cats.size):
+            if cats[i] > 2:
+                return -2 - i
+    return -1
+
+
+@njit(nogil=True, cache=True)
+def histogram_add_counts(scores, cats, weights, shift, half, counts, off_edge, low_min, low_max):  # pragma: no cover
+    """:func:`histogram_add` of each score ``weights[i]`` times (``int64``; zero weights add nothing), without
+    the side table; same return codes. For the few distinct values of a function of a bf16 pair's ``|δ|``
+    (:func:`bf16_value_counts`)."""
+    bits = scores.view(np.int32)
+    low_mask = np.int32((1 << shift) - 1)
+    rejected = _first_bad(bits, cats)
+    if rejected != -1:
+        return rejected
+    for i in range(bits.size):
+        w = weights[i]
+        if w == 0:
+            continue
+        k = bits[i]
+        if k == -2147483648:  # -0.0 counts as +0.0
+            k = 0
+        k = k ^ ((k >> 31) & 0x7FFFFFFF)
+        b = (k >> shift) + half
+        idx = b * 3 + cats[i]
+        counts[idx] += w
+        low = k & low_mask
+        if low != 0:
+            off_edge[idx] += w
+            if low < low_min[b]:
+                low_min[b] = low
+            if low > low_max[b]:
+                low_max[b] = low
+    return -1
+
+
+@njit(nogil=True, cache=True)
+def bf16_value_counts(scores, cats, table, rest):  # pragma: no cover - compiled
+    """Count the non-negative float32 ``scores`` whose low 16 bits are zero into ``table[(key >> 16) * 3 + cat]``
+    (``int64[TABLE_KEYS * 3]``, one exact value per entry); write the indices of the others into ``rest`` and
+    return how many they are.
+
+    Why: a bf16 pair's ``|δ|`` takes few distinct values (~99% of them are such keys), so a score that is a
+    function of δ alone (``layernorm``, ``compnorm``) is histogrammed once per distinct value with its count
+    (:func:`histogram_add_counts`) instead of once per scalar."""
+    bits = scores.view(np.int32)
+    m = 0
+    for i in range(bits.size):
+        k = bits[i]
+        if k >= 0 and (k & 0xFFFF) == 0:
+            table[(k >> 16) * 3 + cats[i]] += 1
+        else:
+            rest[m] = i
+            m += 1
+    return m
 
 
 #: Entries of :func:`histogram_add`'s side table: the top 16 bits of a non-negative key.

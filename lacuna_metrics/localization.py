@@ -37,7 +37,7 @@ import torch
 
 from lacuna_metrics.auc import FORGET, OUTSIDE, RETAIN, TARGETS, StreamingAUC, qtile_values, roc_auc
 from lacuna_metrics.checkpoints import Checkpoint, CheckpointError, Scratch, release_memory
-from lacuna_metrics.kernels import categorize, pair_pass, rank_categories, stable_order
+from lacuna_metrics.kernels import TABLE_KEYS, bf16_value_counts, categorize, pair_pass, rank_categories, stable_order
 from lacuna_metrics.masks import MaskError, MaskReader, component, layer_index
 
 __all__ = [
@@ -201,7 +201,8 @@ def score_block(
             out["contrastnorm"] = torch.where(denom > 1e-12, contrast / denom.clamp_min(1e-12), torch.zeros_like(denom))
         if "eratio" in want:
             out["eratio"] = delta / (dc + eps)
-    out.update(group_normalised(delta, contrast, sigma, sigma_contrast, control_mean, wanted=want))
+    normalised = want if control is not None else want - {"compnorm"}  # compnorm needs the control run
+    out.update(group_normalised(delta, contrast, sigma, sigma_contrast, control_mean, wanted=normalised))
     if base is not None:
         assert d is not None
         inj = o - base
@@ -227,17 +228,16 @@ def group_normalised(
     wanted: Iterable[str],
 ) -> dict[str, torch.Tensor]:
     """The scores of :data:`GROUP_NORMALISED` among ``wanted``: ``layernorm`` = δ/σ, ``compnorm`` = δ/mean δ′ of
-    the tensor, ``contrastln`` = contrast/σ_c (the contrast ones need ``contrast``). One definition for the
-    block-by-block scoring and for the scoring of a group's buffers after its statistics are known."""
+    the tensor, ``contrastln`` = contrast/σ_c (when ``contrast`` is given). One definition for the block-by-block
+    scoring and for the scoring of a group's buffers (or of their distinct δ values) once its statistics are known."""
     out: dict[str, torch.Tensor] = {}
     want = set(wanted)
     if "layernorm" in want:
         out["layernorm"] = delta / sigma if sigma > 0 else torch.zeros_like(delta)
-    if contrast is not None:
-        if "contrastln" in want:
-            out["contrastln"] = contrast / sigma_contrast if sigma_contrast > 0 else torch.zeros_like(delta)
-        if "compnorm" in want:
-            out["compnorm"] = delta / control_mean if control_mean > 0 else delta
+    if "compnorm" in want:
+        out["compnorm"] = delta / control_mean if control_mean > 0 else delta
+    if "contrastln" in want and contrast is not None:
+        out["contrastln"] = contrast / sigma_contrast if sigma_contrast > 0 else torch.zeros_like(delta)
     return out
 
 
@@ -845,12 +845,33 @@ class Localization:
             mean = control_mean.get(name, 0.0)
             return group_normalised(full["delta"][rows], contrast, sigma, sigma_contrast, mean, wanted=wanted)
 
+        by_value = [s for s in todo if s != "contrastln"]  # functions of δ alone: one update per distinct δ
         step = self.config.block_elems
+        rest = np.empty(step, dtype=np.int64)
         for name, state in scoring.tensors.items():
-            for start in range(0, state.full["cats"].numel() if todo else 0, step):
+            full, table = state.full, np.zeros(TABLE_KEYS * 3, dtype=np.int64)
+            for start in range(0, full["cats"].numel() if todo else 0, step):
                 rows = slice(start, start + step)
-                values = normalised(name, rows, todo)
-                self._add_all([(self._acc[s], values[s]) for s in todo], state.full["cats"][rows])
+                cats = full["cats"][rows]
+                if "contrastln" in todo:
+                    self._add_all(
+                        [(self._acc["contrastln"], normalised(name, rows, ["contrastln"])["contrastln"])], cats
+                    )
+                if by_value:  # the δ that are no bf16 value are scored one by one
+                    m = bf16_value_counts(full["delta"][rows].numpy(), cats.numpy(), table, rest)
+                    if m:
+                        picked = torch.from_numpy(rest[:m]) + start
+                        values = normalised(name, picked, by_value)
+                        self._add_all([(self._acc[s], values[s]) for s in by_value], full["cats"][picked])
+            if table.any():  # the bf16 values of δ, each scored once and added with its count
+                nz = np.flatnonzero(table)
+                values = torch.from_numpy((nz // 3 << 16).astype(np.int32)).view(torch.float32)
+                mean = control_mean.get(name, 0.0)
+                scored = group_normalised(values, None, sigma, sigma_contrast, mean, wanted=by_value)
+                value_cats, weights = torch.from_numpy((nz % 3).astype(np.uint8)), torch.from_numpy(table[nz])
+                for s in by_value:
+                    with self._locks[id(self._acc[s])]:
+                        self._acc[s].add_counts(scored[s], value_cats, weights)
         for seq, (name, rows) in scoring.sample_rows.items():
             values = normalised(name, torch.from_numpy(rows), [f for _, f in later])
             features = scoring.samples[seq][0]

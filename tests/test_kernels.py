@@ -20,12 +20,14 @@ from sklearn.metrics import roc_auc_score
 from lacuna_metrics.auc import TARGETS, StreamingAUC, float_keys
 from lacuna_metrics.kernels import (
     TABLE_KEYS,
+    bf16_value_counts,
     categorize,
     clear_bins,
     count_nonfinite,
     diff_square_sums,
     fold_table,
     histogram_add,
+    histogram_add_counts,
     merge_bins,
     occupied_bins,
     pair_pass,
@@ -147,6 +149,50 @@ def test_histogram_add_matches_numpy(bits, kind):
     empty = low_max == -1
     assert (low_min[empty] == 1 << (32 - bits)).all()
     assert (low_min[~empty] <= low_max[~empty]).all() and (low_min[~empty] > 0).all()
+
+
+@pytest.mark.parametrize("bits", [8, 20])
+@pytest.mark.parametrize("kind", ["special", "ties", "wide", "bf16"])
+def test_histogram_add_counts_is_histogram_add_of_the_repeats(bits, kind):
+    """Each score added ``weights[i]`` times (zero weights: not at all, no low-bit trace) = the repeated scores."""
+    rng = np.random.default_rng([bits, len(kind), 7])
+    got, expected = _empty_histogram(bits), _empty_histogram(bits)
+    shift, half = 32 - bits, 1 << (bits - 1)
+    for n in (0, 1, 300):
+        scores = _scores(rng, n, kind)
+        cats = rng.integers(0, 3, n).astype(np.uint8)
+        weights = rng.integers(0, 4, n).astype(np.int64)
+        weights[: n // 3] = 0
+        assert histogram_add_counts(scores, cats, weights, shift, half, *got) == -1
+        _reference_histogram_add(np.repeat(scores, weights), np.repeat(cats, weights), bits, *expected)
+        _assert_same_arrays(got, expected)
+
+
+def test_histogram_add_counts_rejects_nan_and_bad_categories_without_trace():
+    arrays = _empty_histogram(12)
+    scores = np.array([1.0, np.nan, 2.0], dtype=np.float32)
+    cats, weights = np.zeros(3, dtype=np.uint8), np.ones(3, dtype=np.int64)
+    assert histogram_add_counts(scores, cats, weights, 20, 1 << 11, *arrays) == 1
+    assert (
+        histogram_add_counts(np.ones(3, np.float32), np.array([0, 3, 1], np.uint8), weights, 20, 1 << 11, *arrays) == -3
+    )
+    _assert_same_arrays(arrays, _empty_histogram(12))
+
+
+@pytest.mark.parametrize("kind", ["special", "ties", "bf16"])
+def test_bf16_value_counts_counts_bf16_keys_and_lists_the_rest(kind):
+    rng = np.random.default_rng(len(kind))
+    scores = _scores(rng, 2000, kind)
+    cats = rng.integers(0, 3, scores.size).astype(np.uint8)
+    table, rest = np.zeros(TABLE_KEYS * 3, dtype=np.int64), np.full(scores.size, -1, dtype=np.int64)
+    m = bf16_value_counts(scores, cats, table, rest)
+    bits = scores.view(np.int32)
+    is_bf16 = (bits >= 0) & ((bits & 0xFFFF) == 0)  # non-negative (−0.0 is not), low 16 bits zero
+    np.testing.assert_array_equal(rest[:m], np.flatnonzero(~is_bf16))
+    expected = np.zeros_like(table)
+    np.add.at(expected, (bits[is_bf16] >> 16).astype(np.int64) * 3 + cats[is_bf16], 1)
+    np.testing.assert_array_equal(table, expected)
+    assert m < scores.size or kind == "special"
 
 
 @pytest.mark.parametrize("bits", [8, 20])
