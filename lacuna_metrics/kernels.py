@@ -106,9 +106,9 @@ def _first_bad(bits, cats):  # pragma: no cover - compiled
 def histogram_add_counts(scores, cats, weights, shift, half, counts, off_edge, low_min, low_max):  # pragma: no cover
     """:func:`histogram_add` of each score ``weights[i]`` times (``int64``; zero weights add nothing), without
     the side table; same return codes. For the few distinct values of a function of a bf16 pair's ``|δ|``
-    (:func:`bf16_value_counts`)."""
+    (:func:`bf16_value_counts`), so each value is one run of :func:`_flush_run`."""
     bits = scores.view(np.int32)
-    low_mask = np.int32((1 << shift) - 1)
+    low_mask = np.int64((1 << shift) - 1)
     rejected = _first_bad(bits, cats)
     if rejected != -1:
         return rejected
@@ -116,20 +116,17 @@ def histogram_add_counts(scores, cats, weights, shift, half, counts, off_edge, l
         w = weights[i]
         if w == 0:
             continue
-        k = bits[i]
+        k = np.int64(bits[i])
         if k == -2147483648:  # -0.0 counts as +0.0
             k = 0
         k = k ^ ((k >> 31) & 0x7FFFFFFF)
-        b = (k >> shift) + half
-        idx = b * 3 + cats[i]
-        counts[idx] += w
         low = k & low_mask
+        c = cats[i]
+        n0, n1, n2 = w * (c == 0), w * (c == 1), w * (c == 2)
         if low != 0:
-            off_edge[idx] += w
-            if low < low_min[b]:
-                low_min[b] = low
-            if low > low_max[b]:
-                low_max[b] = low
+            _flush_run((k >> shift) + half, n0, n1, n2, n0, n1, n2, low, low, counts, off_edge, low_min, low_max)
+        else:
+            _flush_run((k >> shift) + half, n0, n1, n2, 0, 0, 0, 0, -1, counts, off_edge, low_min, low_max)
     return -1
 
 
