@@ -6,11 +6,14 @@ functions of the before/after weights (plus an optional reference ``base`` and a
 pair). Scores are streamed tensor block by tensor block into :class:`~lacuna_metrics.auc.StreamingAUC`,
 so memory is bounded by the largest tensor, never the model.
 
-Two passes per (layer, component) group when a requested score normalises by a group statistic
-(``layernorm``, ``contrastln``, ``compnorm``, also as composite features): the first collects σ of δ
-and of the contrast per group and the mean control δ′ per tensor; the second re-reads
-the group (now in the page cache) and scores it. Otherwise one pass scores while reading. ``qtile`` and
-``crossfield`` need the whole tensor's ranks, so they sort one tensor at a time (a radix sort).
+Each (layer, component) group is read once and scored while it is read, except the scores normalised by a
+group statistic (``layernorm``, ``contrastln``, ``compnorm``, also as composite features): σ of δ and of the
+contrast per group and the mean control δ′ per tensor are known only after the group's last block. The group
+keeps δ (and the contrast) in memory, and one worker scores those from the buffers while the others read the
+next group; ``layernorm`` and ``compnorm`` are functions of δ alone, so a bf16 pair's few distinct δ values
+are each scored once, with their counts. Groups larger than ``LocalizationConfig.group_buffer_scalars`` are read
+twice instead (the second time from the page cache). ``qtile`` and ``crossfield`` need the whole tensor's
+ranks, so they sort one tensor at a time (a radix sort).
 
 The walk runs on worker threads (``LocalizationConfig.threads``), each reading and scoring whole blocks: one
 compiled pass per block (:func:`~lacuna_metrics.kernels.pair_pass`) gives categories, |δ|, |θ_before| and the
