@@ -12,6 +12,8 @@ Keys: a float32 score maps to the int32 ``key`` that orders like the float (−0
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 from numba import njit
 
@@ -215,49 +217,194 @@ def clear_bins(occupied, counts, off_edge, low_min, low_max, low_empty):  # prag
         low_max[b] = -1
 
 
+#: :func:`qtile_histogram_add`: a bin whose run of ranks is estimated shorter than this is done rank by rank ...
+_SHORT_RUN = 12
+#: ... for this many ranks (the buffer of :func:`_qtile_direct`), before the run length is estimated again.
+_DIRECT_BLOCK = 4096
+
+
 @njit(nogil=True, cache=True)
 def qtile_histogram_add(start, sorted_cats, n, shift, half, counts, off_edge, low_min, low_max):  # pragma: no cover
-    """Add ``qtile = float32(r / (n − 1))`` for ranks ``r = start + i`` with categories ``sorted_cats[i]``.
+    """Add ``qtile = float32(r / (n − 1))`` for ranks ``r = start + i`` (``start >= 0``) with categories
+    ``sorted_cats[i]``: the same arrays as :func:`histogram_add` of those values (and as the former per-rank loop).
 
-    The same counts as :func:`histogram_add` of those values, but the values ascend, so each bin is a run of
-    consecutive ranks: its counts and low-bit extremes are kept in registers and written once per bin.
+    How: keys never decrease with ``r`` (every rounding is monotone), so a bin is a run of consecutive ranks. Its
+    end is estimated as ``(next bin's lower edge) · (n − 1)`` and corrected by a galloping search that evaluates
+    the exact per-rank formula at a few ranks (usually two); its categories are counted by a vectorised loop. Its
+    on-edge ranks (key == the bin's lower edge) can only be a prefix of the run, found by a second such search;
+    the first off-edge rank has the bin's smallest low bits, the last rank the largest. Bins of fewer than
+    ``_SHORT_RUN`` ranks (``r`` below about ``2**(26 − shift)``) are done rank by rank (:func:`_qtile_direct`).
+    Chunks may split a run anywhere: each call adds its part. Why: a division and a branchy update per rank cost
+    ~2.5 ns; this is a few divisions per bin plus ~0.07 ns per rank (~0.12 ns/rank for bits = 20).
     """
+    m = sorted_cats.size
+    if m == 0:
+        return
     denom = np.float64(max(1, n - 1))
+    buf = np.empty(_DIRECT_BLOCK, dtype=np.float32)
+    if start < 0:  # negative "ranks": keys are not monotone, no runs
+        for a in range(0, m, _DIRECT_BLOCK):
+            _qtile_direct(start, sorted_cats, a, min(m, a + _DIRECT_BLOCK), denom, shift, half, buf,
+                          counts, off_edge, low_min, low_max)  # fmt: skip
+        return
     low_mask = np.int64((1 << shift) - 1)
-    chunk = 4096
-    buf = np.empty(chunk, dtype=np.float32)
+    stop = start + m
+    r = start
+    k0 = np.int64(-1)  # the key of rank r, when known (-1: not yet)
+    while r < stop:
+        if k0 < 0:
+            k0 = _qtile_key(r, denom, buf)
+        edge = (k0 >> shift) << shift
+        nxt = edge + (np.int64(1) << shift)  # lower edge of the next bin
+        x = _key_value(nxt, buf) * denom  # about its first rank
+        if _key_value(nxt + (np.int64(1) << shift), buf) * denom - x < _SHORT_RUN:  # the next bin holds few ranks
+            e = min(stop, r + _DIRECT_BLOCK)
+            _qtile_direct(start, sorted_cats, r - start, e - start, denom, shift, half, buf,
+                          counts, off_edge, low_min, low_max)  # fmt: skip
+            r, k0 = e, np.int64(-1)
+            continue
+        # the run is [r, r1) (in this call); k1 is the key of r1 (or -1), k_last that of r1 - 1
+        r1, k1, k_last = _qtile_first_at_least(nxt, r, k0, stop, _rank_guess(x, r, stop), denom, buf)
+        re, k_re = r, k0  # the first off-edge rank of the run and its key
+        if k0 == edge:  # on-edge ranks: the run's first ranks with key == edge
+            guess = _rank_guess(_key_value(k0 + 1, buf) * denom, r, r1)
+            re, k_re, _ = _qtile_first_at_least(k0 + 1, r, k0, r1, guess, denom, buf)
+        e0, e1, e2 = _count_categories(sorted_cats, r - start, re - start)
+        f0, f1, f2 = _count_categories(sorted_cats, re - start, r1 - start)
+        b = (k0 >> shift) + half
+        counts[3 * b] += e0 + f0
+        counts[3 * b + 1] += e1 + f1
+        counts[3 * b + 2] += e2 + f2
+        off_edge[3 * b] += f0
+        off_edge[3 * b + 1] += f1
+        off_edge[3 * b + 2] += f2
+        if re < r1:  # keys ascend in the run: its first off-edge rank has the smallest low bits, its last the largest
+            low_min[b] = min(low_min[b], k_re & low_mask)
+            low_max[b] = max(low_max[b], k_last & low_mask)
+        r, k0 = r1, k1
+
+
+@njit(nogil=True, cache=True, inline="always")
+def _qtile_key(r, denom, buf):  # pragma: no cover - compiled
+    """The key of rank ``r``'s qtile, exactly as the per-rank formula (the float's bits: qtile >= 0)."""
+    buf[0] = np.float32(np.float64(r) / denom)
+    return np.int64(buf.view(np.int32)[0])
+
+
+@njit(nogil=True, cache=True, inline="always")
+def _key_value(key, buf):  # pragma: no cover - compiled
+    """The float (as float64) whose bits are the non-negative ``key``."""
+    buf.view(np.int32)[0] = np.int32(key)
+    return np.float64(buf[0])
+
+
+@njit(nogil=True, cache=True, inline="always")
+def _rank_guess(x, lo, hi):  # pragma: no cover - compiled
+    """``ceil(x)`` as a rank in ``[lo + 1, hi]``."""
+    if x >= hi:
+        return hi
+    return max(lo + 1, np.int64(math.ceil(x)))
+
+
+@njit(nogil=True, cache=True)
+def _qtile_first_at_least(key, lo, k_lo, hi, guess, denom, buf):  # pragma: no cover - compiled
+    """``(p, key of p, key of p − 1)`` for the first rank ``p`` in ``(lo, hi)`` whose qtile's key is ``>= key``,
+    else ``p = hi`` (its key −1: not evaluated); ``k_lo < key`` is the key of ``lo``.
+
+    Galloping from ``guess`` (two evaluations when it is right or one too high), then bisection."""
+    k_hi = np.int64(-1)
+    if hi - lo > 1:
+        p = min(max(guess, lo + 1), hi - 1)
+        k = _qtile_key(p, denom, buf)
+        step = 1
+        if k >= key:
+            hi, k_hi = p, k
+            while hi - step > lo:
+                p = hi - step
+                k = _qtile_key(p, denom, buf)
+                if k < key:
+                    lo, k_lo = p, k
+                    break
+                hi, k_hi = p, k
+                step *= 2
+        else:
+            lo, k_lo = p, k
+            while lo + step < hi:
+                p = lo + step
+                k = _qtile_key(p, denom, buf)
+                if k >= key:
+                    hi, k_hi = p, k
+                    break
+                lo, k_lo = p, k
+                step *= 2
+        while hi - lo > 1:
+            mid = lo + (hi - lo) // 2
+            k = _qtile_key(mid, denom, buf)
+            if k >= key:
+                hi, k_hi = mid, k
+            else:
+                lo, k_lo = mid, k
+    return hi, k_hi, k_lo
+
+
+@njit(nogil=True, cache=True, inline="always")
+def _count_categories(cats, a, b):  # pragma: no cover - compiled
+    """How many of ``cats[a:b]`` are 0, 1 and 2: vectorised (int32 lanes over a slice, which a loop over
+    ``range(a, b)`` would not be: negative-index wrap-around per element)."""
+    n0 = n1 = n2 = 0
+    for j in range(a, b, 1 << 30):
+        block = cats[j : min(b, j + (1 << 30))]
+        m0 = m1 = m2 = np.int32(0)
+        for i in range(block.size):
+            c = block[i]
+            m0 = np.int32(m0 + (c == 0))
+            m1 = np.int32(m1 + (c == 1))
+            m2 = np.int32(m2 + (c == 2))
+        n0 += m0
+        n1 += m1
+        n2 += m2
+    return n0, n1, n2
+
+
+@njit(nogil=True, cache=True)
+def _qtile_direct(
+    start, sorted_cats, a, e, denom, shift, half, buf, counts, off_edge, low_min, low_max
+):  # pragma: no cover
+    """:func:`qtile_histogram_add` of ``sorted_cats[a:e]`` (``e − a <= buf.size``) rank by rank, one division each:
+    for bins of few ranks. A bin's counts and low-bit extremes stay in registers and are written once."""
+    low_mask = np.int64((1 << shift) - 1)
     keys = buf.view(np.int32)  # qtile >= 0: the float's bits are its key
+    cats = sorted_cats[a:e]
+    first = start + a
+    for i in range(cats.size):
+        buf[i] = np.float32(np.float64(first + i) / denom)
     current = -1
     n0 = n1 = n2 = 0
     f0 = f1 = f2 = 0
     lo_min = np.int64(1) << shift
     lo_max = np.int64(-1)
-    for lo in range(0, sorted_cats.size, chunk):
-        hi = min(sorted_cats.size, lo + chunk)
-        for i in range(lo, hi):
-            buf[i - lo] = np.float32(np.float64(start + i) / denom)
-        for i in range(lo, hi):
-            k = np.int64(keys[i - lo])
-            b = (k >> shift) + half
-            if b != current:
-                if current >= 0:
-                    _flush_run(current, n0, n1, n2, f0, f1, f2, lo_min, lo_max, counts, off_edge, low_min, low_max)
-                current = b
-                n0 = n1 = n2 = 0
-                f0 = f1 = f2 = 0
-                lo_min = np.int64(1) << shift
-                lo_max = np.int64(-1)
-            c = sorted_cats[i]
-            n0 += c == 0
-            n1 += c == 1
-            n2 += c == 2
-            low = k & low_mask
-            if low != 0:
-                f0 += c == 0
-                f1 += c == 1
-                f2 += c == 2
-                lo_min = min(lo_min, low)
-                lo_max = max(lo_max, low)
+    for i in range(cats.size):
+        k = np.int64(keys[i])
+        b = (k >> shift) + half
+        if b != current:
+            if current >= 0:
+                _flush_run(current, n0, n1, n2, f0, f1, f2, lo_min, lo_max, counts, off_edge, low_min, low_max)
+            current = b
+            n0 = n1 = n2 = 0
+            f0 = f1 = f2 = 0
+            lo_min = np.int64(1) << shift
+            lo_max = np.int64(-1)
+        c = cats[i]
+        n0 += c == 0
+        n1 += c == 1
+        n2 += c == 2
+        low = k & low_mask
+        if low != 0:
+            f0 += c == 0
+            f1 += c == 1
+            f2 += c == 2
+            lo_min = min(lo_min, low)
+            lo_max = max(lo_max, low)
     if current >= 0:
         _flush_run(current, n0, n1, n2, f0, f1, f2, lo_min, lo_max, counts, off_edge, low_min, low_max)
 

@@ -31,6 +31,7 @@ from lacuna_metrics.kernels import (
     merge_bins,
     occupied_bins,
     pair_pass,
+    qtile_histogram_add,
     rank_categories,
     stable_order,
     stable_sorted,
@@ -864,3 +865,162 @@ def test_add_ranked_equals_add_of_qtile_values(bits, exact_limit, n, sizes):
     if exact_limit >= n and 0 < int((cats == 2).sum()) < n:
         ranks = np.arange(n, dtype=np.float64)
         assert abs(ranked.result("forget").value - roc_auc_score(cats.numpy() == 2, ranks)) <= 1e-12
+
+
+# --------------------------------------------------------------------------------------------------
+# qtile_histogram_add directly, against the per-rank definition
+
+
+def _qtile_histogram_add_reference(start, sorted_cats, n, shift, half, counts, off_edge, low_min, low_max):
+    """numpy definition (the kernel's former per-rank loop): key of ``float32(float64(r) / max(1, n − 1))``."""
+    ranks = np.arange(start, start + sorted_cats.size, dtype=np.int64)
+    keys = (ranks.astype(np.float64) / np.float64(max(1, n - 1))).astype(np.float32).view(np.int32).astype(np.int64)
+    b = (keys >> shift) + half
+    idx = 3 * b + sorted_cats.astype(np.int64)
+    low = keys & ((1 << shift) - 1)
+    off = low != 0
+    counts += np.bincount(idx, minlength=counts.size)
+    off_edge += np.bincount(idx[off], minlength=counts.size)
+    np.minimum.at(low_min, b[off], low[off])
+    np.maximum.at(low_max, b[off], low[off])
+
+
+def _qtile_windows(n, width):
+    """Rank ranges of a tensor of ``n`` scalars: all of it, or windows near qtile 0, 0.5 and 1."""
+    if n <= 3 * width:
+        return [(0, n)]
+    mid = (n - 1) // 2 - width // 2
+    return [(0, width), (mid, mid + width), (n - width, n)]
+
+
+def _qtile_keys(lo, hi, n):
+    return (np.arange(lo, hi, dtype=np.float64) / np.float64(max(1, n - 1))).astype(np.float32).view(np.int32)
+
+
+def _qtile_arrays(rng, lo, hi, n, shift, filled, max_bins=1 << 18):
+    """A window of ranks ``[lo', hi)`` (``lo' >= lo``, > 0: not qtile 0) whose bins span at most ``max_bins``,
+    and histogram arrays just covering them (the ``half`` that puts them at 2, a margin either side), empty or
+    filled with arbitrary earlier contents."""
+    lo = max(lo, 1)
+    bins = _qtile_keys(lo, hi, n).astype(np.int64) >> shift
+    lo += int(np.searchsorted(bins, bins[-1] - max_bins)) if bins.size else 0
+    first, last = (int(bins[lo - hi]), int(bins[-1])) if lo < hi else (0, 0)
+    half, size = 2 - first, last - first + 5
+    if filled:
+        arrays = (
+            rng.integers(0, 1000, 3 * size),
+            rng.integers(0, 1000, 3 * size),
+            rng.integers(0, (1 << shift) + 1, size),
+            rng.integers(-1, 1 << shift, size),
+        )
+    else:
+        arrays = (np.zeros(3 * size), np.zeros(3 * size), np.full(size, 1 << shift), np.full(size, -1))
+    return lo, half, tuple(np.asarray(a, dtype=np.int64) for a in arrays)
+
+
+def _qtile_cats(rng, size):
+    """Categories: ~70% 0, 15% 1, 15% 2, with a stretch of sorted (long equal) runs."""
+    cats = rng.choice(np.array([0, 1, 2], dtype=np.uint8), size, p=[0.7, 0.15, 0.15])
+    cats[: size // 4] = np.sort(cats[: size // 4])
+    return cats
+
+
+QTILE_NS = [1, 2, 3, 17, 1000, 2**12 + 1, 100_003, 2**20, 11_534_336, 2**25 + 3, 2**30, 10**9 + 7]
+QTILE_BITS = [8, 12, 16, 20, 26]
+
+
+@pytest.mark.parametrize("bits", QTILE_BITS)
+@pytest.mark.parametrize("n", QTILE_NS)
+@pytest.mark.parametrize("filled", [False, True])
+def test_qtile_histogram_add_matches_reference(n, bits, filled):
+    """Whole windows and the same windows in chunks split at random places (empty chunks too), into empty or
+    filled arrays: the same arrays as the per-rank definition."""
+    shift = 32 - bits
+    rng = np.random.default_rng([n % 2**32, bits, filled])
+    for lo, hi in _qtile_windows(n, 3 * 2**16):
+        lo, half, arrays = _qtile_arrays(rng, lo, hi, n, shift, filled)
+        cats = _qtile_cats(rng, hi - lo)
+        expected = tuple(a.copy() for a in arrays)
+        _qtile_histogram_add_reference(lo, cats, n, shift, half, *expected)
+        whole = tuple(a.copy() for a in arrays)
+        qtile_histogram_add(lo, cats, n, shift, half, *whole)
+        _assert_same_arrays(whole, expected)
+        cuts = np.sort(rng.integers(0, hi - lo + 1, 6))
+        cuts = np.concatenate([[0], cuts, cuts[:1], [hi - lo]])  # a repeated cut: an empty chunk
+        split = tuple(a.copy() for a in arrays)
+        for a, b in zip(np.sort(cuts)[:-1], np.sort(cuts)[1:], strict=True):
+            qtile_histogram_add(lo + int(a), cats[a:b], n, shift, half, *split)
+        _assert_same_arrays(split, expected)
+
+
+@pytest.mark.parametrize("bits", QTILE_BITS)
+def test_qtile_histogram_add_single_ranks_and_edges(bits):
+    """Chunks of one rank, and chunks starting and ending on the ranks around every bin edge of a window where
+    several ranks share one float32 (n > 2**24 near 1) or each rank has its own bin (near 0)."""
+    shift = 32 - bits
+    rng = np.random.default_rng(bits)
+    for n, lo, hi in [(2**30 + 5, 2**30 - 5000, 2**30 + 5), (2**25 + 3, 2**24 - 3000, 2**24 + 3000), (2**30, 0, 3000)]:
+        lo, half, arrays = _qtile_arrays(rng, lo, hi, n, shift, True)
+        cats = _qtile_cats(rng, hi - lo)
+        expected = tuple(a.copy() for a in arrays)
+        _qtile_histogram_add_reference(lo, cats, n, shift, half, *expected)
+        keys = _qtile_keys(lo, hi, n)
+        on_edge = np.flatnonzero((keys & ((1 << shift) - 1)) == 0)
+        changes = np.flatnonzero(np.diff(keys >> shift)) + 1  # first index of each new bin
+        cuts = np.unique(np.concatenate([on_edge, on_edge + 1, changes - 1, changes, changes + 1, [0, hi - lo]]))
+        cuts = cuts[(cuts >= 0) & (cuts <= hi - lo)]
+        got = tuple(a.copy() for a in arrays)
+        for a, b in zip(cuts[:-1], cuts[1:], strict=True):
+            qtile_histogram_add(lo + int(a), cats[a:b], n, shift, half, *got)
+        _assert_same_arrays(got, expected)
+        got = tuple(a.copy() for a in arrays)
+        for i in range(0, min(hi - lo, 400)):
+            qtile_histogram_add(lo + i, cats[i : i + 1], n, shift, half, *got)
+        qtile_histogram_add(lo + 400, cats[400:], n, shift, half, *got)
+        _assert_same_arrays(got, expected)
+
+
+def test_qtile_histogram_add_empty_input_changes_nothing():
+    rng = np.random.default_rng(0)
+    _, half, arrays = _qtile_arrays(rng, 0, 10, 10, 12, True)
+    got = tuple(a.copy() for a in arrays)
+    for start in (0, 5, 10**9):
+        qtile_histogram_add(start, np.zeros(0, dtype=np.uint8), 10, 12, half, *got)
+    _assert_same_arrays(got, arrays)
+
+
+@pytest.mark.parametrize("bits", [8, 12, 20])
+@pytest.mark.parametrize("n", [1, 2, 3, 17, 1000, 2**12 + 1, 2**20, 2**30])
+def test_qtile_histogram_add_from_rank_0(n, bits):
+    """From rank 0 (qtile 0, key 0) on, into the full histogram (empty, then filled by a first pass), in chunks."""
+    shift, half = 32 - bits, 1 << (bits - 1)
+    rng = np.random.default_rng([n % 2**32, bits])
+    m = min(n, 3 * 2**16)
+    cats = _qtile_cats(rng, m)
+    expected, got = _empty_histogram(bits), _empty_histogram(bits)
+    for _ in range(2):
+        _qtile_histogram_add_reference(0, cats, n, shift, half, *expected)
+        cuts = np.sort(np.concatenate([[0, 0, 1, m], rng.integers(0, m + 1, 5)]))
+        for a, b in zip(cuts[:-1], cuts[1:], strict=True):
+            qtile_histogram_add(int(a), cats[a:b], n, shift, half, *got)
+        _assert_same_arrays(got, expected)
+
+
+def test_qtile_histogram_add_random_windows():
+    """Random tensor sizes (up to 2**34), windows and bits, in a few chunks, into filled arrays."""
+    rng = np.random.default_rng(7)
+    for _ in range(40):
+        n = int(2 ** rng.uniform(0, 34)) + 1
+        bits = int(rng.integers(8, 27))
+        shift = 32 - bits
+        size = int(rng.integers(1, 20_000))
+        lo = int(rng.integers(0, max(1, n - size + 1)))
+        hi = min(n, lo + size)
+        lo, half, arrays = _qtile_arrays(rng, lo, hi, n, shift, True)
+        cats = _qtile_cats(rng, hi - lo)
+        expected = tuple(a.copy() for a in arrays)
+        _qtile_histogram_add_reference(lo, cats, n, shift, half, *expected)
+        cuts = np.sort(np.concatenate([[0, hi - lo], rng.integers(0, hi - lo + 1, 3)]))
+        for a, b in zip(cuts[:-1], cuts[1:], strict=True):
+            qtile_histogram_add(lo + int(a), cats[a:b], n, shift, half, *arrays)
+        _assert_same_arrays(arrays, expected)
