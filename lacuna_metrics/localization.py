@@ -4,7 +4,7 @@ Every scalar of the *universe* (masked attention/MLP tensors with both positives
 sample; its label comes from the ground-truth masks and its score from one of the LACUNA scoring
 functions of the before/after weights (plus an optional reference ``base`` and an unmasked control
 pair). Scores are streamed tensor block by tensor block into :class:`~lacuna_metrics.auc.StreamingAUC`,
-so memory is bounded by the largest tensor, never the model.
+so memory is bounded by the largest (layer, component) group, never the model.
 
 Each (layer, component) group is read once and scored while it is read, except the scores normalised by a
 group statistic (``layernorm``, ``contrastln``, ``compnorm``, also as composite features): σ of δ and of the
