@@ -405,7 +405,7 @@ class Localization:
         self._control_mean: dict[str, float] = {}  # mean control δ′ per tensor of the current group
         self._counts = [0, 0, 0]
         self._reread_groups = 0  # groups too large to buffer, read twice
-        self._buffered: Future[None] | None = None  # the last buffered group's scoring (_score_buffered)
+        self._buffered_task: Future[None] | None = None  # the last buffered group's scoring (_score_buffered)
         self._warmed: Future[None] | None = None  # warm_composite, run during the walk
         self._features: list[np.ndarray] = []
         self._feature_cats: list[np.ndarray] = []
@@ -562,13 +562,17 @@ class Localization:
             members = [n for n in names if n in self._members]
             per_block: dict[int, tuple[str, np.ndarray, list[float]]] = {}
             scoring: _GroupScoring | None = None
-            buffered = sum(self.masks.numel(n) for n in members) <= self.config.group_buffer_scalars
-            if self.one_pass or buffered:  # score while reading; the group-normalised scores from buffers after
-                scoring = self._pass(self._plan(names), universe=True, collect=per_block, group=(key, members))
+            fits = sum(self.masks.numel(n) for n in members) <= self.config.group_buffer_scalars
+            buffered = not self.one_pass and fits  # the group-normalised scores from buffers after the read
+            if self.one_pass or buffered:  # score while reading
+                group = (key, members)
+                scoring = self._pass(
+                    self._plan(names), universe=True, collect=per_block, group=group, buffered=buffered
+                )
                 self._finish_group(key, members, per_block)
-                if not self.one_pass:  # one worker scores them while the others read the next group
+                if buffered:  # one worker scores them while the others read the next group
                     self._wait_buffered()  # at most one group's buffers waiting: bounds the memory
-                    self._buffered = self._pool.submit(self._score_buffered, scoring, dict(self._control_mean))
+                    self._buffered_task = self._pool.submit(self._score_buffered, scoring, dict(self._control_mean))
             else:
                 self._pass(self._plan(names), universe=True, collect=per_block, group=None)
                 self._finish_group(key, members, per_block)
@@ -583,8 +587,8 @@ class Localization:
 
     def _wait_buffered(self) -> None:
         """Wait for the last buffered group's scores (re-raising its error)."""
-        if self._buffered is not None:
-            pending, self._buffered = self._buffered, None
+        if self._buffered_task is not None:
+            pending, self._buffered_task = self._buffered_task, None
             pending.result()
 
     @property
@@ -606,19 +610,20 @@ class Localization:
         universe: bool,
         collect: dict[int, tuple[str, np.ndarray, list[float]]] | None,
         group: tuple[tuple[int, str], list[str]] | None,
+        buffered: bool = False,
     ) -> _GroupScoring | None:
         """Process ``blocks`` on the worker threads, each block whole (read, pair pass, scores, histograms).
 
         ``collect`` receives every block's sums (first pass, or the only one), keyed by block number so that they
         are added in file order; ``group`` = (key, members) scores the members' blocks into the accumulators and
-        returns the group's scoring state (for :meth:`_end_group`). When ``collect`` is given too and a score
-        needs group statistics, those scores are left to :meth:`_score_buffered`.
+        returns the group's scoring state (for :meth:`_end_group`); with ``buffered`` the group-normalised scores
+        are left to :meth:`_score_buffered`.
         Workers run the ``on_pair``/``progress`` hooks in block order (a turnstile), and results never depend on
         the number of threads: sums are folded in order, histograms are counts, and samples are keyed by block.
         """
         scoring = None
         if group is not None:
-            scoring = self._start_group(group[0], group[1], blocks, buffered=collect is not None and not self.one_pass)
+            scoring = self._start_group(group[0], group[1], blocks, buffered=buffered)
         hooks = collect is not None or not universe
         inflight: list[tuple[int, Future[None]]] = []
         failed: list[tuple[int, BaseException]] = []
@@ -1028,7 +1033,6 @@ class Localization:
             "features": names,
             "samples": int(x.shape[0]),
             "folds": self.config.composite_folds,
-            "auc": {},
         }
         problems: dict[str, tuple[np.ndarray, np.ndarray]] = {}
         for target, (pos, neg) in TARGETS.items():
