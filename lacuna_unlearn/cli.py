@@ -383,14 +383,33 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+class Terminated(SystemExit):
+    """Raised by the SIGTERM handler: unwinds like Ctrl-C, so every ``OUT.partial`` is removed on the way out."""
+
+
+def _on_sigterm(signum: int, frame: object) -> None:
+    raise Terminated(128 + signum)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    import signal
+    import threading
+
     parser = build_parser()
     args = parser.parse_args(argv)
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _on_sigterm)
     try:
         return args.func(args)
-    except (ValueError, FileNotFoundError, FileExistsError) as exc:  # our errors name the file/field at fault
+    except (ValueError, OSError) as exc:  # our errors name the file/field at fault; OSError: unwritable/full disk
         print(f"lacuna: error: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print("lacuna: interrupted; partial outputs removed", file=sys.stderr)
+        return 130
+    except Terminated as exc:
+        print("lacuna: terminated (SIGTERM); partial outputs removed", file=sys.stderr)
+        return int(exc.code or 143)
 
 
 if __name__ == "__main__":

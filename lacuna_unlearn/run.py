@@ -18,7 +18,8 @@ import hashlib
 import json
 import os
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -131,7 +132,38 @@ def _validate(cfg: Mapping[str, Any]) -> None:
 
 
 def _key(inputs: Mapping[str, Any]) -> str:
-    return hashlib.sha256(json.dumps(inputs, sort_keys=True, default=str).encode()).hexdigest()[:16]
+    """A stage's cache key: its inputs and the package version (a new release recomputes, never reuses)."""
+    from lacuna_metrics.manifest import package_versions
+
+    version = package_versions(("lacuna-bench",)).get("lacuna-bench")
+    payload = json.dumps({"lacuna-bench": version, **inputs}, sort_keys=True, default=str)
+    return hashlib.sha256(payload.encode()).hexdigest()[:16]
+
+
+@contextmanager
+def _locked(out: Path) -> Iterator[None]:
+    """Hold ``OUT/.lock`` for the run: a second ``lacuna run`` into the same ``--out`` fails at once instead of
+    racing the first one's stages."""
+    import fcntl
+
+    out.mkdir(parents=True, exist_ok=True)
+    with open(out / ".lock", "a+") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.seek(0)
+            holder = handle.read().strip() or "unknown"
+            raise FileExistsError(
+                f"{out}: another lacuna run is writing here (pid {holder}); use another --out"
+            ) from None
+        handle.seek(0)
+        handle.truncate()
+        handle.write(str(os.getpid()))
+        handle.flush()
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 class _Stages:
@@ -202,7 +234,15 @@ def run_benchmark(
     *,
     log: Callable[[str], None] = print,
 ) -> dict[str, Any]:
-    """Run (or resume from cache) the benchmark described by ``cfg`` into ``out_dir``; return ``results.json``."""
+    """Run (or resume from cache) the benchmark described by ``cfg`` into ``out_dir``; return ``results.json``.
+    One run at a time per ``out_dir`` (a lock file)."""
+    cfg = copy.deepcopy(dict(cfg or DEFAULT_RUN))
+    _validate(cfg)
+    with _locked(Path(out_dir)):
+        return _run_locked(Path(out_dir), cfg, log)
+
+
+def _run_locked(out: Path, cfg: dict[str, Any], log: Callable[[str], None]) -> dict[str, Any]:
     from hydra import compose, initialize_config_module
 
     from lacuna_metrics.localization import LocalizationConfig
@@ -214,9 +254,6 @@ def run_benchmark(
     from lacuna_unlearn.train import EDITORS
     from lacuna_unlearn.train import run as unlearn_run
 
-    cfg = copy.deepcopy(dict(cfg or DEFAULT_RUN))
-    _validate(cfg)
-    out = Path(out_dir)
     started = time.time()
     stages = _Stages(out / "stages", log)
     seed = int(cfg["seed"])

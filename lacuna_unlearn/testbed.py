@@ -77,6 +77,8 @@ def build_testbed(
     if state.is_main_process:
         if out.exists() and not force:
             raise FileExistsError(f"{out} exists; pass force=True (--force) to rebuild it")
+        if out.exists() and not is_testbed(out):
+            raise FileExistsError(f"{out} exists and is not a lacuna-bench testbed; --force only replaces testbeds")
         if partial.exists():
             shutil.rmtree(partial)
         partial.mkdir(parents=True)
@@ -88,6 +90,18 @@ def build_testbed(
             shutil.rmtree(partial, ignore_errors=True)  # never leave a half-written testbed behind
         raise
     return out
+
+
+def is_testbed(path: str | Path) -> bool:
+    """Whether ``path`` is a directory this package built (its ``manifest.json`` says ``kind: lacuna-bench-testbed``):
+    the only kind of directory ``--force`` may delete."""
+    import json
+
+    manifest = Path(path) / "manifest.json"
+    try:
+        return json.loads(manifest.read_text()).get("kind") == "lacuna-bench-testbed"
+    except (OSError, ValueError, AttributeError):
+        return False
 
 
 def _build(out: Path, partial: Path, cfg: TestbedConfig, state, *, unmasked: bool, model: str | None) -> None:

@@ -1,0 +1,67 @@
+"""Outputs publish together: one `lacuna run` per --out, SIGTERM cleans up like Ctrl-C, cache keys carry the
+package version, `build-testbed --force` deletes only testbeds."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from lacuna_unlearn.cli import main
+from lacuna_unlearn.run import _key, _locked, load_run_config, run_benchmark
+
+
+def test_second_run_into_the_same_out_is_refused(tmp_path):
+    cfg = load_run_config(preset="smoke", overrides={"testbed": str(tmp_path / "no-testbed")})
+    with _locked(tmp_path / "run"):
+        with pytest.raises(FileExistsError, match=r"another lacuna run is writing here \(pid \d+\)"):
+            run_benchmark(tmp_path / "run", cfg)
+    with pytest.raises(FileNotFoundError, match="not a testbed"):  # lock released: the run gets past it
+        run_benchmark(tmp_path / "run", cfg)
+
+
+def test_stage_keys_change_with_the_package_version(monkeypatch):
+    import lacuna_metrics.manifest as manifest
+
+    before = _key({"kind": "eval", "model": "x"})
+    assert before == _key({"kind": "eval", "model": "x"})
+    monkeypatch.setattr(manifest, "package_versions", lambda names: {"lacuna-bench": "999.0"})
+    assert _key({"kind": "eval", "model": "x"}) != before
+
+
+def test_force_refuses_a_directory_that_is_not_a_testbed(tmp_path, capsys):
+    precious = tmp_path / "thesis"
+    precious.mkdir()
+    (precious / "chapter1.tex").write_text("years of work")
+    assert main(["build-testbed", "--preset", "smoke", "--out", str(precious), "--force"]) == 2
+    assert "is not a lacuna-bench testbed" in capsys.readouterr().err
+    assert (precious / "chapter1.tex").read_text() == "years of work"
+    assert not (tmp_path / "thesis.partial").exists()
+
+
+def test_sigterm_removes_partial_outputs(tmp_path):
+    out = tmp_path / "tb"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "lacuna_unlearn.cli", "build-testbed", "--preset", "smoke", "--out", str(out)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    partial = Path(str(out) + ".partial")
+    deadline = time.time() + 120
+    while not partial.exists() and time.time() < deadline:
+        time.sleep(0.2)
+    assert partial.exists(), "the build never started"
+    time.sleep(1.0)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 128 + signal.SIGTERM, err
+    assert "Traceback" not in err and "terminated (SIGTERM)" in err
+    assert not partial.exists() and not out.exists()
