@@ -12,6 +12,11 @@ A source is one of:
 The source is chosen per run: lm-eval ``--metadata '{"lacuna_data": "DIR"}'``, else the environment
 variable ``LACUNA_DATA``, else the bundled default. Every load carries a content fingerprint
 (SHA-256 over the canonical JSON of all splits), recorded in each result.
+
+Every load is validated before any task sees it: each row against the schema
+(:func:`lacuna_tasks.schema.validate_rows`), then the relations between rows and splits
+(:mod:`lacuna_tasks.validate`: unique person IDs, one ID = one person, agreement with the profiles,
+disjoint forget/retain people, held-out validation and relearn people).
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from lacuna_tasks.schema import SPLITS, LacunaDataError, get_field, validate_rows
+from lacuna_tasks.validate import index_profiles, validate_dataset
 
 ENV_VAR = "LACUNA_DATA"
 METADATA_KEY = "lacuna_data"
@@ -127,15 +133,15 @@ def _load_dir(path: Path, display: str) -> LacunaData:
             f"for splits {list(SPLITS)}, or a datasets DatasetDict saved with save_to_disk"
         )
     profiles = None
+    profiles_file = None
     for name in ("profiles.jsonl", "profiles.parquet"):
         if (path / name).is_file():
-            table = read_rows(path / name)
-            profiles = {}
-            for i, row in enumerate(table):
-                if "Unique ID" not in row:
-                    raise LacunaDataError(f"{path / name}: row {i} lacks column 'Unique ID'")
-                profiles[str(row["Unique ID"])] = row
+            profiles_file = path / name
+            profiles = index_profiles(read_rows(profiles_file), str(profiles_file))
             break
+    # Relations across rows and splits (unique IDs, one ID = one person, profile agreement, disjoint
+    # sides and held-out people), checked before any task builds documents from the data.
+    validate_dataset(splits, {s: str(f) for s, f in files.items()}, profiles, str(profiles_file))
     return LacunaData(
         source=display,
         fingerprint=fingerprint(splits),
