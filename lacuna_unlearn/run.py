@@ -54,17 +54,15 @@ DEFAULT_RUN: dict[str, Any] = {
     "seed": 42,
 }
 
-#: ``smoke``: the tiny testbed of the tests (too few retain people for the ICR tasks, so no worst-case probe).
+#: ``smoke``: the tiny testbed of the tests (too few retain people for the ICR tasks, so no worst-case probe),
+#: the same nine methods with the same overrides as ``mini`` (both testbeds are 4-layer OLMo-2 models), each
+#: with its method's own default schedule instead of mini's 60-epoch one.
 PRESETS = {
     "mini": DEFAULT_RUN,
     "smoke": {
         **DEFAULT_RUN,
         "preset": "smoke",
         "experiment": None,
-        "methods": {
-            **DEFAULT_RUN["methods"],
-            "alpha_edit": ["method.args.layers=[0]", "method.args.nullspace_relative=true"],
-        },
         "eval": {"batch_size": 32, "tasks": ["forget_qa", "retain_qa", "forget_memorization"]},
     },
 }
@@ -95,7 +93,9 @@ def load_run_config(
             if not isinstance(node.get(part), dict):
                 raise ValueError(f"--set {key}: {part!r} is not a section of the run config")
             node = node[part]
-        node[leaf] = value
+        if node is not cfg.get("methods") and leaf not in node:
+            raise ValueError(f"--set {key}: unknown run setting {leaf!r}; known: {sorted(node)}")
+        node[leaf] = _typed(node.get(leaf), value, f"--set {key}")
     _validate(cfg)
     return cfg
 
@@ -107,7 +107,30 @@ def _merge(base: dict[str, Any], update: Mapping[str, Any], where: str) -> None:
         if isinstance(base[key], dict) and isinstance(value, dict) and key != "methods":
             _merge(base[key], value, f"{where}:{key}")
         else:
-            base[key] = value
+            base[key] = _typed(base[key], value, f"{where}:{key}")
+
+
+def _typed(default: Any, value: Any, where: str) -> Any:
+    """``value`` checked against the type of the setting's default (numbers stay numbers, switches booleans), so
+    ``--set attack.attempts=abc`` fails here, not after a testbed build."""
+    if default is None or value is None:
+        return value
+    if isinstance(default, bool):
+        if not isinstance(value, bool):
+            raise ValueError(f"{where}: expected true or false, got {value!r}")
+    elif isinstance(default, int):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ValueError(f"{where}: expected an integer, got {value!r}")
+    elif isinstance(default, float):
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ValueError(f"{where}: expected a number, got {value!r}")
+        value = float(value)
+    elif isinstance(default, str):
+        if not isinstance(value, str):
+            raise ValueError(f"{where}: expected a string, got {value!r}")
+    elif isinstance(default, (list, dict)) and not isinstance(value, type(default)):
+        raise ValueError(f"{where}: expected a {type(default).__name__}, got {value!r}")
+    return value
 
 
 def _validate(cfg: Mapping[str, Any]) -> None:
@@ -124,8 +147,38 @@ def _validate(cfg: Mapping[str, Any]) -> None:
         if not (configs / f"{name}.yaml").is_file():
             known = sorted(p.stem for p in configs.glob("*.yaml"))
             raise ValueError(f"run config: unknown method {name!r}; available: {known}")
-        if not isinstance(extra or [], list):
-            raise ValueError(f"run config: methods.{name} must be a list of overrides, got {extra!r}")
+        if not isinstance(extra or [], list) or not all(isinstance(o, str) and "=" in o for o in extra or []):
+            raise ValueError(f"run config: methods.{name} must be a list of key=value overrides, got {extra!r}")
+    ranges = {  # setting: (lowest, highest); integers unless the default is a float
+        ("seed",): (0, 2**32 - 1),
+        ("testbed_seed",): (0, 2**32 - 1),
+        ("eval", "batch_size"): (1, 4096),
+        ("score", "composite_samples"): (0, 10**9),
+        ("attack", "attempts"): (1, 10**6),
+        ("regime", "tau_rev"): (0.0, 1.0),
+        ("regime", "tau_cat"): (0.0, 1.0),
+    }
+    for path, (low, high) in ranges.items():
+        value = cfg
+        for part in path:
+            value = value[part]
+        if value is None and path == ("testbed_seed",):
+            continue
+        kind = float if isinstance(low, float) else int
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, (int, float))
+            or (kind is int and not isinstance(value, int))
+        ):
+            raise ValueError(f"run config: {'.'.join(path)} must be {'a number' if kind is float else 'an integer'}, "
+                             f"got {value!r}")  # fmt: skip
+        if not low <= value <= high:
+            raise ValueError(f"run config: {'.'.join(path)} must be in [{low}, {high}], got {value!r}")
+    if cfg["testbed"] is not None and not (Path(cfg["testbed"]) / "manifest.json").is_file():
+        raise ValueError(f"run config: testbed {cfg['testbed']}: not a testbed (no manifest.json)")
+    protocols = sorted(f.stem for f in (Path(__file__).with_name("configs") / "attack").glob("*.yaml"))
+    if cfg["attack"]["protocol"] not in protocols:
+        raise ValueError(f"run config: attack.protocol {cfg['attack']['protocol']!r} is not one of {protocols}")
 
 
 # --------------------------------------------------------------------------- stage cache

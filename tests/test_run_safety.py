@@ -17,12 +17,14 @@ from lacuna_unlearn.run import _key, _locked, load_run_config, run_benchmark
 
 
 def test_second_run_into_the_same_out_is_refused(tmp_path):
-    cfg = load_run_config(preset="smoke", overrides={"testbed": str(tmp_path / "no-testbed")})
+    (tmp_path / "tb").mkdir()
+    (tmp_path / "tb" / "manifest.json").write_text("{}")
+    cfg = load_run_config(preset="smoke", overrides={"testbed": str(tmp_path / "tb")})
     with _locked(tmp_path / "run"):
         with pytest.raises(FileExistsError, match=r"another lacuna run is writing here \(pid \d+\)"):
             run_benchmark(tmp_path / "run", cfg)
-    with pytest.raises(FileNotFoundError, match="not a testbed"):  # lock released: the run gets past it
-        run_benchmark(tmp_path / "run", cfg)
+    with _locked(tmp_path / "run"):  # released when the first holder is done
+        pass
 
 
 def test_stage_keys_change_with_the_package_version(monkeypatch):
@@ -65,3 +67,31 @@ def test_sigterm_removes_partial_outputs(tmp_path):
     assert proc.returncode == 128 + signal.SIGTERM, err
     assert "Traceback" not in err and "terminated (SIGTERM)" in err
     assert not partial.exists() and not out.exists()
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"attack.atempts": 5}, r"--set attack.atempts: unknown run setting 'atempts'"),
+        ({"seeed": 1}, r"--set seeed: unknown run setting 'seeed'"),
+        ({"attack.attempts": "abc"}, r"--set attack.attempts: expected an integer, got 'abc'"),
+        ({"attack.attempts": 0}, r"attack.attempts must be in \[1, 1000000\]"),
+        ({"score.frag": "yes"}, r"--set score.frag: expected true or false"),
+        ({"regime.tau_rev": 2}, r"regime.tau_rev must be in \[0.0, 1.0\]"),
+        ({"fields": ["emial"]}, r"fields must be a non-empty list"),
+        ({"attack.protocol": "relern"}, r"attack.protocol 'relern' is not one of"),
+        ({"methods.grad_diff": ["oops"]}, r"methods.grad_diff must be a list of key=value overrides"),
+        ({"testbed": "/nonexistent/tb"}, r"testbed /nonexistent/tb: not a testbed"),
+        ({"nope.x": 1}, r"'nope' is not a section"),
+    ],
+)
+def test_run_overrides_are_checked_before_any_work(overrides, message):
+    with pytest.raises(ValueError, match=message):
+        load_run_config(preset="smoke", overrides=overrides)
+
+
+def test_run_yaml_typos_and_types_are_named(tmp_path):
+    config = tmp_path / "run.yaml"
+    config.write_text("attack:\n  attempts: many\n")
+    with pytest.raises(ValueError, match=r"run.yaml:attack:attempts: expected an integer, got 'many'"):
+        load_run_config(config, preset="smoke")

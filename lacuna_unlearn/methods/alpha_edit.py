@@ -424,12 +424,19 @@ def apply_alpha_edit(
         projectors[layer] = null_space_projector(moment, threshold).to(weight.device)
         null_dim = int(round(float(torch.trace(projectors[layer]))))
         if null_dim == 0:
-            top = float(torch.linalg.eigvalsh(moment.to(torch.float64))[0])
+            eigenvalues = torch.linalg.eigvalsh(moment.to(torch.float64))
+            low, high = float(eigenvalues[0]), float(eigenvalues[-1])
+            hint = (
+                f"raise method.args.nullspace_threshold above {low / high:.3g} (the smallest eigenvalue relative "
+                "to the largest)"
+                if cfg.nullspace_relative
+                else f"raise method.args.nullspace_threshold above {low:.3g}, or set method.args.nullspace_relative=true"
+            )
             raise ValueError(
-                f"AlphaEdit: layer {layer}: no eigenvalue of the preserved-key second moment is below "
-                f"nullspace_threshold={cfg.nullspace_threshold} (relative: {cfg.nullspace_relative}; smallest "
-                f"eigenvalue {top:.3g}); the edit would be zero. Raise method.args.nullspace_threshold or set "
-                "method.args.nullspace_relative=true."
+                f"AlphaEdit: layer {layer}: no eigenvalue of the preserved-key second moment is below the null-space "
+                f"threshold {threshold:.3g} (nullspace_threshold={cfg.nullspace_threshold}, relative: "
+                f"{cfg.nullspace_relative}; eigenvalues {low:.3g} .. {high:.3g}), so the edit would be zero: {hint}, "
+                "or edit another layer (method.args.layers)"
             )
         stats[layer] = {
             "null_space_dim": null_dim,
