@@ -17,11 +17,12 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-__all__ = ["EDITORS", "main", "run"]
+__all__ = ["EDITORS", "main", "preflight", "run"]
 
 
 def run(cfg: Any) -> Path:
     """Resolve inputs from the config (testbed or explicit paths) and run the method, FRP or an attack."""
+    preflight(cfg)  # before the heavy imports below: a bad input fails in about a second
     from omegaconf import OmegaConf
 
     from lacuna_metrics.masks import load_masks
@@ -103,6 +104,63 @@ def run(cfg: Any) -> Path:
     )
 
 
+#: ``trainer.args`` that count things (the others that default to numbers accept any number).
+_INTEGER_ARGS = frozenset({"per_device_train_batch_size", "gradient_accumulation_steps", "max_steps", "max_length"})
+
+
+def preflight(cfg: Any) -> None:
+    """Check every input that can be checked without loading a model: paths exist, the output can be written,
+    ``trainer.args.*`` are known ``TrainingArguments`` with values of the right type. A bad override then fails
+    in a second, not after the model has loaded."""
+    import dataclasses
+    import os
+
+    from omegaconf import OmegaConf
+
+    if OmegaConf.is_missing(cfg, "output_dir") or not cfg.output_dir:
+        raise ValueError("output_dir is required: add output_dir=DIR (the unlearned checkpoint is written there)")
+    out = Path(str(cfg.output_dir))
+    if out.exists() and not cfg.force:
+        raise FileExistsError(f"output_dir={out} exists; pass force=true to overwrite")
+    parent = out.parent
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if not os.access(parent, os.W_OK):
+        raise PermissionError(f"output_dir={out}: {parent} is not writable")
+    for key in ("testbed", "model", "data", "masks"):
+        value = cfg.get(key)
+        if value and not Path(str(value)).exists():
+            raise FileNotFoundError(f"{key}={value}: no such file or directory (only local paths are read)")
+    if cfg.get("testbed") and not (Path(str(cfg.testbed)) / "manifest.json").is_file():
+        raise ValueError(f"testbed={cfg.testbed}: not a testbed (no manifest.json)")
+    args = OmegaConf.to_container(cfg.trainer.args, resolve=True)
+    # Types from the shipped trainer defaults (no transformers import: that alone takes seconds).
+    defaults = OmegaConf.to_container(OmegaConf.load(Path(__file__).with_name("configs") / "trainer" / "default.yaml"))
+    defaults = dict(defaults["args"])
+    unknown = [key for key in args if key not in defaults]
+    if unknown:  # rare: only then pay for importing transformers (seconds) to learn TrainingArguments' fields
+        from transformers import TrainingArguments
+
+        theirs = {f.name: f.default for f in dataclasses.fields(TrainingArguments)}
+        for key in unknown:
+            if key not in theirs:
+                raise ValueError(f"trainer.args.{key}: not a TrainingArguments setting")
+            defaults[key] = theirs[key]
+    for key, value in args.items():
+        default = defaults[key]
+        if isinstance(default, bool):
+            ok = isinstance(value, bool)
+        elif key in _INTEGER_ARGS:
+            ok = isinstance(value, int) and not isinstance(value, bool)
+        elif isinstance(default, (int, float)):
+            ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+        else:
+            ok = True
+        if not ok:
+            kind = "true or false" if isinstance(default, bool) else f"a number ({type(default).__name__})"
+            raise ValueError(f"trainer.args.{key}={value!r}: expected {kind}")
+
+
 #: Training-free methods (closed-form edits, pruning): ``method.name`` -> "module:function". Each function takes
 #: ``(model, forget_rows, retain_rows, out, args, *, seed, data)`` and writes an HF checkpoint to ``out``.
 EDITORS = {
@@ -143,7 +201,7 @@ def main() -> None:
     def _app(cfg: Any) -> None:
         try:
             out = run(cfg)
-        except (ValueError, FileNotFoundError, FileExistsError) as exc:
+        except (ValueError, OSError) as exc:
             print(f"lacuna-unlearn: error: {exc}", file=sys.stderr)
             sys.exit(2)
         print(f"model written to {out}")
