@@ -18,6 +18,8 @@ from lacuna_metrics.kernels import (
     merge_bins,
     occupied_bins,
     qtile_histogram_add,
+    qtile_ties_histogram_add,
+    qtile_ties_values,
 )
 
 
@@ -243,6 +245,42 @@ class StreamingAUC:
         self._bins = None
         half = 1 << (self.bits - 1)
         qtile_histogram_add(start, sorted_cats.contiguous().numpy(), n, self._shift, half, *self._raw_arrays())
+
+    def add_ranked_ties(
+        self,
+        sorted_cats: np.ndarray | torch.Tensor,
+        ties: np.ndarray | torch.Tensor,
+        lo: int = 0,
+        hi: int | None = None,
+    ) -> None:
+        """Add ``qtile`` scores with average ranks of ranks ``[lo, hi)`` (default: all) of a tensor of
+        ``n = sorted_cats.size`` scalars: ``sorted_cats`` are its categories in ascending score order and ``ties``
+        its tie flags (:func:`~lacuna_metrics.kernels.rank_categories_ties`), both for the whole tensor. Each
+        scalar's value is :func:`~lacuna_metrics.kernels.qtile_ties_values`: the members of a run of equal scores
+        share its average rank; what that function's values + :meth:`add` give. Add a tensor in one call: a run
+        split between calls is rescanned by each."""
+        cats = sorted_cats.numpy() if isinstance(sorted_cats, torch.Tensor) else np.asarray(sorted_cats)
+        flags = ties.numpy() if isinstance(ties, torch.Tensor) else np.asarray(ties)
+        cats, flags = cats.reshape(-1), flags.reshape(-1)
+        if cats.dtype != np.uint8 or flags.dtype != np.uint8 or cats.size != flags.size:
+            raise ValueError(f"need uint8 categories and tie flags of one size, got {cats.dtype}[{cats.size}] and "
+                             f"{flags.dtype}[{flags.size}]")  # fmt: skip
+        hi = cats.size if hi is None else hi
+        if not 0 <= lo <= hi <= cats.size:
+            raise ValueError(f"ranks [{lo}, {hi}) outside a tensor of {cats.size}")
+        if hi > lo and int(cats[lo:hi].max()) > FORGET:
+            raise ValueError(_BAD_CATEGORY.format(int(cats[lo:hi].max())))
+        if self._scores is not None and self._buffered + (hi - lo) > self.exact_limit:
+            self._spill()  # as add() would after buffering them
+        if self._scores is not None:
+            values = torch.from_numpy(qtile_ties_values(flags, lo, hi))
+            self.add(values, torch.from_numpy(np.ascontiguousarray(cats[lo:hi])))
+            return
+        self._bins = None
+        half = 1 << (self.bits - 1)
+        qtile_ties_histogram_add(
+            lo, hi, np.ascontiguousarray(cats), np.ascontiguousarray(flags), self._shift, half, *self._raw_arrays()
+        )
 
     def reset(self) -> None:
         """Forget every score seen, back to exact (buffering) mode; a spilled histogram's memory is cleared

@@ -13,7 +13,10 @@ keeps δ (and the contrast) in memory, and one worker scores those from the buff
 next group; ``layernorm`` and ``compnorm`` are functions of δ alone, so a bf16 pair's few distinct δ values
 are each scored once, with their counts. Groups larger than ``LocalizationConfig.group_buffer_scalars`` are read
 twice instead (the second time from the page cache). ``qtile`` and ``crossfield`` need the whole tensor's
-ranks, so they sort one tensor at a time (a radix sort).
+ranks, so they sort one tensor at a time (a radix sort). Tied scores share their average rank
+(``LocalizationConfig.qtile_ties = "average"``, the default): ranking ties in index order, as the release code's
+stable argsort does (``"ordinal"``), turns an unchanged or bf16-quantized update into signal wherever the masks
+have structure (docs/scoring.md, "Ties in qtile").
 
 The walk runs on worker threads (``LocalizationConfig.threads``), each reading and scoring whole blocks: one
 compiled pass per block (:func:`~lacuna_metrics.kernels.pair_pass`) gives categories, |δ|, |θ_before| and the
@@ -40,17 +43,29 @@ import torch
 
 from lacuna_metrics.auc import FORGET, OUTSIDE, RETAIN, TARGETS, StreamingAUC, qtile_values, roc_auc
 from lacuna_metrics.checkpoints import Checkpoint, CheckpointError, Scratch, release_memory
-from lacuna_metrics.kernels import TABLE_KEYS, bf16_value_counts, categorize, pair_pass, rank_categories, stable_order
+from lacuna_metrics.kernels import (
+    TABLE_KEYS,
+    bf16_value_counts,
+    categorize,
+    pair_pass,
+    qtile_ties_values,
+    rank_categories,
+    rank_categories_ties,
+    stable_order,
+    stable_sorted_ties,
+)
 from lacuna_metrics.masks import MaskError, MaskReader, component, layer_index
 
 __all__ = [
     "BASELINES",
     "COMPOSITE_FEATURES",
+    "QTILE_TIES",
     "SCORES",
     "Localization",
     "LocalizationConfig",
     "qtile_values",
     "score_block",
+    "within_tensor_qtile",
     "within_tensor_quantile",
 ]
 
@@ -104,6 +119,9 @@ _WHY = {
 _ELEMENTWISE = tuple(s for s in SCORES if s not in ("qtile", "crossfield"))
 #: Scores normalised by a statistic of their whole (layer, component) group or tensor: known after its last block.
 GROUP_NORMALISED: tuple[str, ...] = ("layernorm", "compnorm", "contrastln")
+#: How ``qtile`` (and ``crossfield``, per-layer AUCs) rank tied scores: ``"average"`` (mid-ranks, the default) or
+#: ``"ordinal"`` (index order: the release code's stable argsort, for comparison with the paper); docs/scoring.md.
+QTILE_TIES: tuple[str, ...] = ("average", "ordinal")
 _PAIR = ("before", "after")
 
 
@@ -124,10 +142,16 @@ class LocalizationConfig:
     # groups up to this many scalars keep δ (and the contrast) in memory for the scores normalised by a group
     # statistic instead of re-reading the group (5-9 bytes per scalar: 7B groups fit, 70B ones are re-read)
     group_buffer_scalars: int = 1 << 28
+    # tied scores in qtile/crossfield: "average" ranks (ties stay ties, so they count one half in the AUC) or
+    # "ordinal" (index order, the release code's stable argsort: comparable with the paper, but it turns ties into
+    # signal wherever the masks have structure); docs/scoring.md, "Ties in qtile"
+    qtile_ties: str = "average"
 
     def __post_init__(self) -> None:
         if self.threads < 1:
             raise ValueError(f"threads must be >= 1, got {self.threads}")
+        if self.qtile_ties not in QTILE_TIES:
+            raise ValueError(f"qtile_ties must be one of {QTILE_TIES}, got {self.qtile_ties!r}")
 
     eps: float = 1e-10
     roc_points: int = 128
@@ -151,16 +175,42 @@ class _GroupStats:
 
 
 def within_tensor_quantile(delta: torch.Tensor) -> torch.Tensor:
-    """Order of spec §1.10's ``qtile``: ``order[r]`` is the flat index of the scalar of rank ``r``.
+    """The stable order of a tensor's scores: ``order[r]`` is the flat index of the scalar of ordinal rank ``r``.
 
-    Ranks come from a stable argsort (ties keep index order), a radix sort of the scores' order-preserving
-    keys (:func:`lacuna_metrics.kernels.stable_order`). ``qtile = r / (n − 1)`` follows from the rank
-    (see :func:`qtile_values`).
+    A stable argsort (ties keep index order), a radix sort of the scores' order-preserving keys
+    (:func:`lacuna_metrics.kernels.stable_order`): the release code's ranks, whose ``r / (n − 1)`` is
+    ``qtile_ties="ordinal"`` (see :func:`qtile_values`). The default qtile gives ties their average rank instead
+    (:func:`within_tensor_qtile`).
     """
-    flat = delta.reshape(-1).to(torch.float32).contiguous()
+    flat = _flat_scores(delta)
+    return torch.from_numpy(stable_order(flat.numpy()).astype(np.int64))
+
+
+def within_tensor_qtile(scores: torch.Tensor, ties: str = "average") -> torch.Tensor:
+    """Spec §1.10's ``qtile`` of every scalar of a tensor, float32 in flat (row-major) index order.
+
+    ``ties="average"``: ``qtile_i = (average 0-based rank of scalar i's group of equal scores) / (n − 1)``
+    (−0 and +0 are equal), so equal scores get equal qtiles; ``"ordinal"``: ``rank / (n − 1)`` with ties ranked
+    in index order (the release code's stable argsort). docs/scoring.md explains the difference.
+    """
+    if ties not in QTILE_TIES:
+        raise ValueError(f"ties must be one of {QTILE_TIES}, got {ties!r}")
+    flat = _flat_scores(scores)
+    n = flat.numel()
+    out = torch.empty(n, dtype=torch.float32)
+    if ties == "average":
+        order, flags = stable_sorted_ties(flat.numpy(), np.arange(n, dtype=np.uint32))
+        out[torch.from_numpy(order.astype(np.int64))] = torch.from_numpy(qtile_ties_values(flags, 0, n))
+    else:
+        out[torch.from_numpy(stable_order(flat.numpy()).astype(np.int64))] = qtile_values(0, n, n)
+    return out
+
+
+def _flat_scores(scores: torch.Tensor) -> torch.Tensor:
+    flat = scores.reshape(-1).to(torch.float32).contiguous()
     if flat.numel() >= 1 << 32:
         raise ValueError(f"tensor of {flat.numel()} scalars is too large for the 32-bit radix sort")
-    return torch.from_numpy(stable_order(flat.numpy()).astype(np.int64))
+    return flat
 
 
 def score_block(
@@ -889,26 +939,31 @@ class Localization:
             state.full = {}
 
     def _finish_tensor(self, name: str, full: dict[str, torch.Tensor], keep_delta: bool = False) -> None:
-        """Whole-tensor scores: qtile (and the per-group AUC on it) and crossfield; ``full`` loses its
-        crossfield buffers, and δ unless ``keep_delta`` (a buffered group still needs it)."""
+        """Whole-tensor scores: qtile (and the per-group AUC on it) and crossfield, with ties ranked as
+        ``config.qtile_ties`` says; ``full`` loses its crossfield buffers, and δ unless ``keep_delta`` (a buffered
+        group still needs it)."""
         cat = full["cats"]
         n, step = cat.numel(), self.config.block_elems
+        ties = self.config.qtile_ties
         if "qtile" in self.scores:
             delta = full["delta"] if keep_delta else full.pop("delta")
-            ranked = torch.from_numpy(rank_categories(delta.numpy(), cat.numpy()))  # cats by rank
             qtile_acc = self._group_acc if self.per_layer_score == "qtile" else self._acc["qtile"]
-            with self._locks[id(qtile_acc)]:
-                for start in range(0, n, step):
-                    qtile_acc.add_ranked(start, ranked[start : start + step], n)
+            if ties == "average":  # cats by rank and the tie flags: each run of equal δ is one value
+                ranked, flags = rank_categories_ties(delta.numpy(), cat.numpy())
+                with self._locks[id(qtile_acc)]:
+                    qtile_acc.add_ranked_ties(ranked, flags)  # one call: a run split between calls is rescanned
+                del flags
+            else:
+                ranked = torch.from_numpy(rank_categories(delta.numpy(), cat.numpy()))  # cats by rank
+                with self._locks[id(qtile_acc)]:
+                    for start in range(0, n, step):
+                        qtile_acc.add_ranked(start, ranked[start : start + step], n)
             del ranked, delta
             _trim_after(n)
         if "crossfield" in self._acc:
             crossed = torch.full((n,), float("inf"))
             for i in range(len(self.crossfield)):
-                order = within_tensor_quantile(full.pop(f"crossfield{i}"))
-                for start in range(0, n, step):
-                    idx = order[start : start + step]
-                    crossed[idx] = torch.minimum(crossed[idx], qtile_values(start, start + idx.numel(), n))
+                torch.minimum(crossed, within_tensor_qtile(full.pop(f"crossfield{i}"), ties), out=crossed)
             with self._locks[id(self._acc["crossfield"])]:
                 for start in range(0, n, step):
                     self._acc["crossfield"].add(crossed[start : start + step], cat[start : start + step])
@@ -990,6 +1045,7 @@ class Localization:
                 "exact_limit": cfg.exact_limit,
                 "eps": cfg.eps,
                 "per_layer_score": self.per_layer_score,
+                "qtile_ties": cfg.qtile_ties,  # how qtile, crossfield and per-layer qtile AUCs rank tied scores
                 "sigma": "population std (ddof=0) over the (layer, component) group",
                 "crossfield_runs": len(self.crossfield),
                 "passes_per_group": 1 if self.one_pass else 2,  # over each group's scalars (read, or buffers)
@@ -1021,7 +1077,11 @@ class Localization:
         return rows
 
     def _composite(self) -> dict[str, Any] | None:
-        """Spec §1.10 composite: 5-fold cross-validated logistic regression on the subsample."""
+        """Spec §1.10 composite: 5-fold cross-validated logistic regression on the subsample.
+
+        A target whose samples have every feature constant (nothing moved: a zero update) scores 0.5, a constant
+        score, without fits: cross-validated, an intercept-only model's probabilities differ between folds only by
+        their training folds' class shares, which would rank whole folds against each other (AUC ≈ 0.4999)."""
         names = self.composite_features()
         if not names or not self._features:
             return None
@@ -1041,9 +1101,11 @@ class Localization:
             if min(int(y.sum()), int((~y).sum())) < self.config.composite_folds:
                 continue
             problems[target] = (x[keep], y)
-        probas = out_of_fold_proba(problems, self.config.composite_folds, self.config.threads)
+        constant = {t for t, (xt, _y) in problems.items() if bool((xt == xt[:1]).all())}  # no feature varies
+        fitted = {t: problems[t] for t in problems if t not in constant}
+        probas = out_of_fold_proba(fitted, self.config.composite_folds, self.config.threads)
         aucs = {t: self._pool.submit(roc_auc, proba, problems[t][1]) for t, proba in probas.items()}  # sorts: no GIL
-        out["auc"] = {t: aucs[t].result() if t in aucs else None for t in TARGETS}
+        out["auc"] = {t: 0.5 if t in constant else aucs[t].result() if t in aucs else None for t in TARGETS}
         return out
 
 

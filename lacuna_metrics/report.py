@@ -21,12 +21,30 @@ def _fmt(value: Any, digits: int = 4) -> str:
     return str(value)
 
 
+def _ties_note(qtile_ties: str | None) -> str:
+    """How tied scores count, which depends on how qtile ranked them (docs/scoring.md, "Ties in qtile")."""
+    if qtile_ties == "ordinal":
+        return (
+            "Tied scores count ½, except in qtile and crossfield: with --qtile-ties ordinal (the release code's "
+            "stable argsort) tied |δ| get distinct ranks in index order, which structured masks can read as signal."
+        )
+    if qtile_ties == "average":
+        return "Tied scores count ½; qtile and crossfield give tied |δ| their average rank, so they stay tied."
+    return "Tied scores count ½."  # a score JSON from before the setting was recorded
+
+
 def markdown_summary(result: dict[str, Any]) -> str:
     """The score JSON as markdown tables: AUCs per score and target, baselines, FRAG, distance, layers."""
     inputs = result["manifest"]["inputs"]
-    lines = [f"# lacuna score: `{inputs['after']['path']}`", "", f"before: `{inputs['before']['path']}`"]
+    lines = [
+        f"# lacuna score: `{inputs['after']['path']}`",
+        "",
+        f"after: `{inputs['after'].get('fingerprint')}`  ",
+        f"before: `{inputs['before']['path']}` (`{inputs['before'].get('fingerprint')}`)",
+    ]
     if "base" in inputs:
-        lines.append(f"base (reversal reference): `{inputs['base']['path']}`")
+        lines[-1] += "  "
+        lines.append(f"base (reversal reference): `{inputs['base']['path']}` (`{inputs['base'].get('fingerprint')}`)")
     lines.append("")
     auc = result.get("auc")
     if auc:
@@ -51,12 +69,8 @@ def markdown_summary(result: dict[str, Any]) -> str:
             lines.append(f"| baseline: {name} (no after-model) | {values} |")
         bounds = [b for t in targets for b in result["auc_error_bound"][t].values()]
         worst = max(bounds) if bounds else 0.0
-        lines += [
-            "",
-            "All AUCs exact (ties count ½)."
-            if worst == 0
-            else f"Largest AUC error bound: {worst:.2e} (histogram mode).",
-        ]
+        lines += ["", "All AUCs exact." if worst == 0 else f"Largest AUC error bound: {worst:.2e} (histogram mode)."]
+        lines[-1] += " " + _ties_note((result.get("localization_settings") or {}).get("qtile_ties"))
         if result["not_applicable"]:
             lines += ["", "Not computed: " + "; ".join(f"{k} ({v})" for k, v in result["not_applicable"].items())]
         universe = result["universe"]

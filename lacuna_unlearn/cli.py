@@ -74,6 +74,7 @@ def _score(args: argparse.Namespace) -> int:
         bins_bits=args.bins_bits,
         exact_limit=args.exact_limit,
         seed=args.seed,
+        qtile_ties=args.qtile_ties,
         **({"threads": args.threads} if args.threads is not None else {}),
     )
     out = args.out or str(Path(args.after) / "lacuna_score")
@@ -293,6 +294,13 @@ def build_parser() -> argparse.ArgumentParser:
     score.add_argument("--composite-samples", type=int, default=2_000_000, help="composite subsample; 0 skips it")
     score.add_argument("--bins-bits", type=int, default=20, help="histogram resolution beyond --exact-limit")
     score.add_argument("--exact-limit", type=int, default=1 << 22, help="scalars scored exactly in memory per score")
+    score.add_argument(
+        "--qtile-ties",
+        choices=["average", "ordinal"],
+        default="average",
+        help="tied |delta| in qtile/crossfield: average ranks (default), or ordinal = index order as the release "
+        "code (comparable with the paper, but ties become signal; docs/scoring.md)",
+    )
     score.add_argument("--seed", type=int, default=42)
     score.add_argument(
         "--threads",

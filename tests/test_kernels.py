@@ -5,7 +5,10 @@ Covers ``histogram_add`` (bins, off-edge counts, low-bit extremes, NaN and bad-c
 and ``within_tensor_quantile``), ``categorize`` (and ``categories``), ``pair_pass``,
 ``diff_square_sums``, ``count_nonfinite``, the histogram bookkeeping kernels ``occupied_bins``/``clear_bins``/
 ``merge_bins`` directly and through ``StreamingAUC.merge_into``/``reset``, and ``qtile_histogram_add`` through
-``StreamingAUC.add_ranked``. Inputs are small and include signed zeros, ±inf, denormals and heavy ties.
+``StreamingAUC.add_ranked``; the average-rank (mid-rank) qtile kernels ``stable_sorted_ties``/
+``rank_categories_ties``, ``qtile_ties_values`` (against ``scipy.stats.rankdata(method="average")``) and
+``qtile_ties_histogram_add`` (directly and through ``StreamingAUC.add_ranked_ties``), and
+``within_tensor_qtile``. Inputs are small and include signed zeros, ±inf, denormals and heavy ties.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import math
 import numpy as np
 import pytest
 import torch
+from scipy.stats import rankdata
 from sklearn.metrics import roc_auc_score
 
 from lacuna_metrics.auc import TARGETS, StreamingAUC, float_keys
@@ -32,11 +36,15 @@ from lacuna_metrics.kernels import (
     occupied_bins,
     pair_pass,
     qtile_histogram_add,
+    qtile_ties_histogram_add,
+    qtile_ties_values,
     rank_categories,
+    rank_categories_ties,
     stable_order,
     stable_sorted,
+    stable_sorted_ties,
 )
-from lacuna_metrics.localization import categories, qtile_values, within_tensor_quantile
+from lacuna_metrics.localization import categories, qtile_values, within_tensor_qtile, within_tensor_quantile
 from lacuna_metrics.masks import group_bits
 
 TINY = np.finfo(np.float32).smallest_subnormal
@@ -1024,3 +1032,205 @@ def test_qtile_histogram_add_random_windows():
         for a, b in zip(cuts[:-1], cuts[1:], strict=True):
             qtile_histogram_add(lo + int(a), cats[a:b], n, shift, half, *arrays)
         _assert_same_arrays(arrays, expected)
+
+
+# --------------------------------------------------------------------------------------------------
+# average ranks: stable_sorted_ties, qtile_ties_values, qtile_ties_histogram_add, add_ranked_ties
+
+
+def _average_qtile(scores):
+    """Reference qtile with average ranks, per scalar in index order: scipy's mid-ranks (1-based) − 1 over n − 1,
+    on the order-preserving keys (−0.0 and +0.0 one value; ±inf ranked like any value)."""
+    n = scores.size
+    ranks = rankdata(_keys(scores), method="average") - 1.0
+    return (ranks / max(1, n - 1)).astype(np.float32)
+
+
+def _run_scores(rng, n, kind):
+    """Scores whose sorted order has runs of chosen lengths around the kernels' thresholds (64, 1024)."""
+    if kind == "all equal":
+        return np.full(n, 0.25, dtype=np.float32)
+    if kind == "all distinct":
+        return rng.permutation(np.arange(n, dtype=np.float32) + 1)
+    if kind == "signed zeros":
+        out = rng.choice(np.float32([-0.0, 0.0]), n)
+        some = rng.random(n) < 0.1
+        out[some] = rng.choice(np.float32([-1.0, 1.0, 0.5]), int(some.sum()))
+        return out
+    if kind == "bf16":  # |after − before| of a bf16 pair: few distinct values, a big run at 0
+        before = _bf16(rng.normal(size=n) * 0.02)
+        return np.abs(_bf16(before + rng.normal(size=n) * 5e-4 * (rng.random(n) < 0.6)) - before)
+    if kind == "run lengths":  # runs of 1, 2, 63, 64, 65, 1023, 1024, 1025 ... in random order, distinct stretches
+        lengths = rng.choice([1, 1, 1, 2, 3, 63, 64, 65, 200, 1023, 1024, 1025, 3000], 4 * n)
+        lengths[rng.random(lengths.size) < 0.3] = 1
+        values = np.repeat(np.arange(lengths.size, dtype=np.float32), lengths)[:n]
+        return rng.permutation(values)
+    raise AssertionError(kind)
+
+
+TIE_KINDS = ["all equal", "all distinct", "signed zeros", "bf16", "run lengths"]
+
+
+def _assert_ties(scores, payload, out, ties):
+    keys = _keys(scores)
+    order = np.argsort(keys, kind="stable")
+    np.testing.assert_array_equal(out, payload[order])
+    expected = np.zeros(scores.size, dtype=np.uint8)
+    expected[1:] = keys[order][1:] == keys[order][:-1]
+    assert ties.dtype == np.uint8
+    np.testing.assert_array_equal(ties, expected)
+
+
+@pytest.mark.parametrize("kind", ["special", "ties", "wide", "continuous", "bf16"])
+@pytest.mark.parametrize("n", [0, 1, 2, 3, 100, 70_000])
+def test_stable_sorted_ties_is_the_stable_order_and_its_tie_flags(kind, n):
+    rng = np.random.default_rng([n, len(kind), 13])
+    scores = _scores(rng, n, kind)
+    before = scores.copy()
+    out, ties = stable_sorted_ties(scores, np.arange(n, dtype=np.uint32))
+    _assert_ties(scores, np.arange(n, dtype=np.uint32), out, ties)
+    cats = rng.integers(0, 3, n).astype(np.uint8)
+    ranked, ties2 = rank_categories_ties(scores, cats)
+    _assert_ties(scores, cats, ranked, ties2)
+    np.testing.assert_array_equal(ranked, rank_categories(scores, cats))  # the same order as the ordinal ranks
+    np.testing.assert_array_equal(scores.view(np.uint32), before.view(np.uint32))
+
+
+@pytest.mark.parametrize("kind", ["bf16", "bf16 few", "delta", "big buckets", "ties"])
+@pytest.mark.parametrize("n", [1, 17, 1000, 70_000])
+def test_stable_sorted_ties_on_both_radix_paths(kind, n):
+    """Keys with and without low bits in one bucket: runs of the bucket's bf16 key, and equal low halves."""
+    rng = np.random.default_rng([n, len(kind), 17])
+    scores = _sort_scores(rng, n, kind)
+    payload = rng.integers(-(2**62), 2**62, n)
+    _assert_ties(scores, payload, *stable_sorted_ties(scores, payload))
+
+
+def test_stable_sorted_ties_one_huge_bucket():
+    rng = np.random.default_rng(5)
+    k = rng.integers(0, 1 << 16, 300_000)
+    k[rng.random(k.size) < 0.3] = 0
+    k[rng.random(k.size) < 0.1] = 12345
+    scores = (0x3F800000 + k).astype(np.uint32).view(np.float32)
+    _assert_ties(scores, np.arange(k.size), *stable_sorted_ties(scores, np.arange(k.size)))
+
+
+@pytest.mark.parametrize("kind", TIE_KINDS + ["special", "ties", "wide"])
+@pytest.mark.parametrize("n", [0, 1, 2, 3, 5, 1000, 20_000])
+def test_qtile_ties_values_are_scipy_average_ranks(kind, n):
+    """Every scalar's qtile = (its average 0-based rank) / (n − 1), bit for bit, whole and in split chunks."""
+    rng = np.random.default_rng([n, len(kind), 3])
+    scores = _run_scores(rng, n, kind) if kind in TIE_KINDS else _scores(rng, n, kind)
+    order, ties = stable_sorted_ties(scores, np.arange(n, dtype=np.uint32))
+    values = qtile_ties_values(ties, 0, n)
+    assert values.dtype == np.float32 and values.shape == (n,)
+    got = np.empty(n, dtype=np.float32)
+    got[order] = values
+    expected = _average_qtile(scores)
+    np.testing.assert_array_equal(got.view(np.uint32), expected.view(np.uint32))
+    np.testing.assert_array_equal(within_tensor_qtile(torch.from_numpy(scores)).numpy(), expected)
+    if n:
+        if kind == "all equal":
+            assert (expected == np.float32(0.5 if n > 1 else 0.0)).all()  # one run: the middle rank
+        if kind == "all distinct":  # no ties: the ordinal qtile
+            np.testing.assert_array_equal(values, qtile_values(0, n, n).numpy())
+    cuts = np.unique(np.concatenate([[0, n], rng.integers(0, n + 1, 6)]))
+    parts = [qtile_ties_values(ties, int(a), int(b)) for a, b in zip(cuts[:-1], cuts[1:], strict=True)]
+    np.testing.assert_array_equal(np.concatenate(parts) if parts else values[:0], values)
+    assert qtile_ties_values(ties, n, n).size == 0
+
+
+def test_within_tensor_qtile_ordinal_and_shapes():
+    rng = np.random.default_rng(4)
+    values = _scores(rng, 37 * 29, "ties").reshape(37, 29)
+    t = torch.from_numpy(values.copy())
+    ordinal = within_tensor_qtile(t, "ordinal").numpy()
+    expected = np.empty(values.size, dtype=np.float32)
+    expected[_reference_order(values.reshape(-1))] = qtile_values(0, values.size, values.size).numpy()
+    np.testing.assert_array_equal(ordinal, expected)
+    average = within_tensor_qtile(t.t()).numpy()  # a non-contiguous view: flattened in row-major order first
+    np.testing.assert_array_equal(average, _average_qtile(np.ascontiguousarray(values.T).reshape(-1)))
+    with pytest.raises(ValueError, match="ties"):
+        within_tensor_qtile(t, "dense")
+
+
+def _reference_ties_histogram(scores, cats, bits, arrays):
+    """What ``qtile_ties_histogram_add`` must do: ``histogram_add`` of the reference values, rank by rank."""
+    order = np.argsort(_keys(scores), kind="stable")
+    _reference_histogram_add(_average_qtile(scores)[order], cats[order], bits, *arrays)
+
+
+@pytest.mark.parametrize("bits", [8, 12, 20])
+@pytest.mark.parametrize("kind", TIE_KINDS + ["continuous", "ties"])
+@pytest.mark.parametrize("n", [1, 2, 3, 70, 3000, 50_000])
+def test_qtile_ties_histogram_add_matches_histogram_of_the_values(bits, kind, n):
+    """Whole, and in chunks split at random places and inside runs (empty chunks too), into empty or filled
+    arrays: the same arrays as the numpy histogram of the scipy average-rank qtiles."""
+    rng = np.random.default_rng([n, bits, len(kind)])
+    scores = _run_scores(rng, n, kind) if kind in TIE_KINDS else _scores(rng, n, kind)
+    cats = rng.integers(0, 3, n).astype(np.uint8)
+    ranked, ties = rank_categories_ties(scores, cats)
+    shift, half = 32 - bits, 1 << (bits - 1)
+    for filled in (False, True):
+        arrays = _empty_histogram(bits)
+        if filled:
+            _reference_histogram_add(_scores(rng, 500, "continuous") ** 2, rng.integers(0, 3, 500), bits, *arrays)
+        expected = tuple(a.copy() for a in arrays)
+        _reference_ties_histogram(scores, cats, bits, expected)
+        whole = tuple(a.copy() for a in arrays)
+        qtile_ties_histogram_add(0, n, ranked, ties, shift, half, *whole)
+        _assert_same_arrays(whole, expected)
+        run_starts = np.flatnonzero(ties == 0)
+        inside = np.flatnonzero(ties)[:3]  # cuts inside runs, next to their starts
+        cuts = np.concatenate([[0, 0, n], rng.integers(0, n + 1, 5), inside, run_starts[-2:], run_starts[-2:] + 1])
+        cuts = np.unique(np.clip(cuts, 0, n))
+        split = tuple(a.copy() for a in arrays)
+        for a, b in zip(cuts[:-1], cuts[1:], strict=True):
+            qtile_ties_histogram_add(int(a), int(b), ranked, ties, shift, half, *split)
+        qtile_ties_histogram_add(n, n, ranked, ties, shift, half, *split)  # empty: nothing
+        _assert_same_arrays(split, expected)
+
+
+@pytest.mark.parametrize(
+    "bits, exact_limit, n", [(12, 1 << 22, 20_000), (8, 0, 20_000), (16, 9000, 20_000), (20, 0, 1)]
+)
+@pytest.mark.parametrize("kind", ["bf16", "run lengths", "all equal", "signed zeros"])
+def test_add_ranked_ties_auc_is_the_auc_of_the_scores(bits, exact_limit, n, kind):
+    """Average ranks keep ties tied and the order otherwise, so the AUC of the qtile is exactly the AUC of the
+    scores themselves (ties count one half); exact mode, histogram mode and a spill part way agree with
+    ``add`` of the reference values."""
+    rng = np.random.default_rng([n, bits, len(kind)])
+    scores = _run_scores(rng, n, kind)
+    cats = rng.integers(0, 3, n).astype(np.uint8)
+    cats[(scores > np.median(scores)) & (rng.random(n) < 0.3)] = 2  # forget skewed towards high scores
+    ranked, ties = rank_categories_ties(scores, cats)
+    acc, ref = StreamingAUC(bits, exact_limit), StreamingAUC(bits, exact_limit)
+    half_way = n // 2
+    acc.add(torch.zeros(half_way), torch.zeros(half_way, dtype=torch.uint8))  # something before the tensor
+    ref.add(torch.zeros(half_way), torch.zeros(half_way, dtype=torch.uint8))
+    acc.add_ranked_ties(torch.from_numpy(ranked), ties)
+    order = np.argsort(_keys(scores), kind="stable")
+    ref.add(torch.from_numpy(_average_qtile(scores)[order]), torch.from_numpy(cats[order]))
+    assert acc.count == ref.count == n + half_way
+    assert _snapshot(acc) == _snapshot(ref)
+    state, expected = _histogram_state(acc), _histogram_state(ref)
+    assert (state is None) == (expected is None)
+    if state is not None:
+        _assert_same_arrays(state, expected)
+    alone = StreamingAUC(bits, exact_limit)
+    alone.add_ranked_ties(ranked, ties)
+    y = cats == 2
+    if 0 < y.sum() < n and alone.result("forget").exact:
+        assert alone.result("forget").value == pytest.approx(roc_auc_score(y, _sk_scores(scores)), abs=1e-12)
+
+
+def test_add_ranked_ties_rejects_bad_input():
+    acc = StreamingAUC(12, 0)
+    cats, ties = np.array([0, 1, 3], dtype=np.uint8), np.zeros(3, dtype=np.uint8)
+    with pytest.raises(ValueError, match="category"):
+        acc.add_ranked_ties(cats, ties)
+    with pytest.raises(ValueError, match="one size"):
+        acc.add_ranked_ties(cats[:2], ties)
+    with pytest.raises(ValueError, match="outside"):
+        acc.add_ranked_ties(cats[:2], ties[:2], 1, 3)
+    assert acc.count == 0

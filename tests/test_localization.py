@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 import torch
 from safetensors.torch import save_file
+from scipy.stats import rankdata
 from sklearn.linear_model import LogisticRegression
 from sklearn.metrics import roc_auc_score
 from sklearn.model_selection import StratifiedKFold, cross_val_predict
@@ -230,8 +231,12 @@ def group_key(name: str) -> tuple[int, str]:
     return (int(m.group(1)) if m else 0, str(component(name)))
 
 
-def qtile(delta: np.ndarray) -> np.ndarray:
+def qtile(delta: np.ndarray, ties: str = "average") -> np.ndarray:
+    """Spec §1.10 qtile of |δ| within its tensor: average ranks of tied values (the default), or ``"ordinal"``
+    ranks (the release code's stable argsort: ties in index order) over n − 1."""
     n = delta.size
+    if ties == "average":
+        return ((rankdata(delta + np.float32(0.0), method="average") - 1.0) / max(1, n - 1)).astype(np.float32)
     order = np.argsort(delta, kind="stable")
     q = np.empty(n, dtype=np.float32)
     q[order] = (np.arange(n, dtype=np.float64) / max(1, n - 1)).astype(np.float32)
@@ -256,6 +261,7 @@ def reference(
     control: bool = True,
     crossfield: tuple[str, ...] = CROSSFIELD_RUNS,
     labels: dict[str, str] | None = None,
+    ties: str = "average",
 ) -> Ref:
     labels = {"before": "before", "after": "after", "control_before": "control_before", **(labels or {})}
     labels.setdefault("control_after", "control_after")
@@ -295,7 +301,7 @@ def reference(
                 e[c] += float((d64[cat == c] ** 2).sum())
             s = scores
             s["raw"].append(de)
-            s["qtile"].append(qtile(de))
+            s["qtile"].append(qtile(de, ties))
             s["layernorm"].append(de / sigma if sigma > 0 else np.zeros_like(de))
             s["before_magnitude"].append(np.abs(o[n]))
             if control:
@@ -316,7 +322,7 @@ def reference(
                 s["dirreversal"].append(-dn * np.sign(inj) / (np.abs(inj) + EPS))
                 s["injection_magnitude"].append(np.abs(inj))
             if len(crossfield) >= 2:
-                q = [qtile(np.abs(v[c][n].reshape(-1) - o[n])) for c in crossfield]
+                q = [qtile(np.abs(v[c][n].reshape(-1) - o[n]), ties) for c in crossfield]
                 s["crossfield"].append(np.minimum.reduce(q))
         energy[k] = e
         size = sum(cats[n].size for n in members)
@@ -400,6 +406,29 @@ def test_every_score_and_baseline_matches_brute_force(full_run):
         assert set(scored) == {*SCORES, "composite"}
         best = result["auc"][target]["best"]
         assert best["value"] == max(scored.values()) and scored[best["score"]] == best["value"]
+
+
+def test_ordinal_qtile_ties_are_the_release_ranks(full_run):
+    """``qtile_ties="ordinal"``: qtile, crossfield and the per-layer AUCs rank tied |δ| in index order, as the
+    release code's stable argsort; the default (average ranks) differs where |δ| ties (40% unchanged here)."""
+    bench, ref, result = full_run
+    ordinal_ref = reference(bench, ties="ordinal")
+    res = bench.run(LocalizationConfig(block_elems=50, composite=False, qtile_ties="ordinal"))
+    assert res["settings"]["qtile_ties"] == "ordinal" and result["settings"]["qtile_ties"] == "average"
+    for target in TARGET_CLASSES:
+        for s in ("qtile", "crossfield"):
+            expected = ref_auc(ordinal_ref.scores[s], ref.cats, target)
+            assert res["auc"][target][s] == pytest.approx(expected, abs=1e-9), (target, s)
+            assert res["auc"][target][s] != pytest.approx(result["auc"][target][s], abs=1e-6), (target, s)
+        for s in ("raw", "layernorm", "reversal"):  # the other scores do not rank
+            assert res["auc"][target][s] == result["auc"][target][s]
+    for r in res["per_layer"]:
+        sl = ref.group_rows[(r["layer"], r["component"])]
+        for target in TARGET_CLASSES:
+            expected = ref_auc(ordinal_ref.scores["qtile"][sl], ref.cats[sl], target)
+            assert r["auc"][target] == pytest.approx(expected, abs=1e-9)
+    with pytest.raises(ValueError, match="qtile_ties"):
+        LocalizationConfig(qtile_ties="dense")
 
 
 def test_universe_counts_and_exclusions(full_run):
@@ -526,8 +555,10 @@ def test_planted_heavy_ties(planted_root):
 def test_planted_zero_delta_gives_one_half(planted_root):
     """after == before, control after == control before, every per-field run == before: nothing moved.
 
-    Every delta-based score is constant (0, or ±0 for signrev/dirreversal) so its AUC is exactly 0.5. qtile and
-    crossfield rank ties by index order (stable argsort, spec §1.10), so they equal the reference, not 0.5."""
+    Every delta-based score is constant (0, or ±0 for signrev/dirreversal) so its AUC is exactly 0.5; qtile and
+    crossfield too, since tied |δ| share their average rank (the default). With ``qtile_ties="ordinal"`` (the
+    release code's stable argsort) they rank the ties in index order instead, and equal that reference
+    (tests/test_ties.py shows what structured masks make of it)."""
     bench = make_bench(planted_root / "zero", seed=4, shapes=BIG, delta=_planted("zero"))
     labels = {"control_after": "control_before"}
     res = bench.run(LocalizationConfig(composite=False), labels=labels, crossfield=("before", "before", "before"))
@@ -535,12 +566,22 @@ def test_planted_zero_delta_gives_one_half(planted_root):
     assert not ref.scores["raw"].any()
     for target in TARGET_CLASSES:
         for s in SCORES:
-            if s in ("qtile", "crossfield"):
-                assert res["auc"][target][s] == pytest.approx(ref_auc(ref.scores[s], ref.cats, target), abs=1e-9)
-            else:
-                assert res["auc"][target][s] == 0.5, (target, s)
+            assert res["auc"][target][s] == 0.5, (target, s)
     for row in res["per_layer"]:
         assert row["update_mass"] == {"forget": None, "retain": None, "outside": None}
+        assert row["auc"] == {t: 0.5 for t in TARGET_CLASSES}
+    ordinal = bench.run(
+        LocalizationConfig(composite=False, scores=("qtile", "crossfield"), qtile_ties="ordinal"),
+        labels=labels,
+        crossfield=("before", "before", "before"),
+    )
+    assert ordinal["settings"]["qtile_ties"] == "ordinal" and res["settings"]["qtile_ties"] == "average"
+    o = {n: bench.values["before"][n].reshape(-1) for n in ref.names}
+    for target in TARGET_CLASSES:
+        q = np.concatenate([qtile(np.zeros_like(o[n]), "ordinal") for n in ref.names])
+        expected = ref_auc(q, ref.cats, target)
+        for s in ("qtile", "crossfield"):
+            assert ordinal["auc"][target][s] == pytest.approx(expected, abs=1e-9), (target, s)
 
 
 # -- 4. per-(layer, component) rows ---------------------------------------------------------------------------
