@@ -163,7 +163,8 @@ def test_memorization_equals_direct_computation(email_run, tiny_lacuna, model_an
 
 def test_memorization_whitespace_token_path_equals_direct(tiny_lacuna, model_and_tokenizer):
     """Digit answers start with a bare-space token (Digits pre-tokenizer), which lm-eval cannot
-    condition on; the task recovers per-token values by differences. Check it against direct."""
+    condition on: the log-prob comes by difference, the greedy flag from the request itself when the
+    space is greedy and from a one-token greedy generation otherwise. Check it against direct."""
     import lm_eval
     from lm_eval.models.huggingface import HFLM
 
@@ -174,36 +175,51 @@ def test_memorization_whitespace_token_path_equals_direct(tiny_lacuna, model_and
     tm = lacuna_tasks.task_manager({"lacuna_data": str(tiny_lacuna.data_dir), "pretrained": str(tiny_lacuna.model_dir)})
     lm = HFLM(pretrained=model, tokenizer=tokenizer, device="cpu", batch_size=8)
     out = lm_eval.simple_evaluate(model=lm, tasks=tasks, task_manager=tm, log_samples=True)
-    exact = flagged = whitespace_path = 0
+    whitespace_path = generations = 0
     for task in tasks:
         for s in out["samples"][task]:
             plan = token_plan(tokenizer, s["doc"]["prompt"], s["doc"]["answer"])
-            whitespace_path += any(r is not None for r in plan.recipe)
+            whitespace_path += any(slot.covers > 1 for slot in plan.slots)
+            generations += sum(slot.generation is not None for slot in plan.slots)
             direct = _direct_memorization(model, tokenizer, s["doc"]["prompt"], s["doc"]["answer"])
-            assert s["prob"] == pytest.approx(direct["prob"], rel=1e-4)  # log-probs are always exact
-            if s["token_mismatch"] == 0.0:
-                exact += 1
-                assert s["em"] == pytest.approx(direct["em"], abs=1e-9)
-                assert s["es"] == pytest.approx(direct["es"], abs=1e-9)
-            else:  # a non-greedy space token hides the next flag; it counts as not greedy
-                flagged += 1
-                assert s["em"] <= direct["em"] + 1e-9 and s["es"] <= direct["es"] + 1e-9
+            assert s["token_mismatch"] == 0.0
+            assert s["prob"] == pytest.approx(direct["prob"], rel=1e-4)
+            assert s["em"] == pytest.approx(direct["em"], abs=1e-9)
+            assert s["es"] == pytest.approx(direct["es"], abs=1e-9)
     assert whitespace_path >= 4, "digit answers should start with a bare space token"
-    assert exact >= len(out["samples"]["lacuna_phone_retain_memorization"])  # trained: spaces are greedy
+    assert generations >= whitespace_path
 
 
-def test_token_plan_per_token_recipe_by_hand():
+def test_token_plan_per_token_by_hand():
+    from lacuna_tasks.lm_eval_hooks import GREEDY_TOKEN_GEN_KWARGS, TokenSlot
+
     plan = TokenPlan(
-        pairs=[("c", " "), ("c ", "5"), ("c 5", "5"), ("c 55", "<eos>")], recipe=[None, 0, None], mismatch=False
+        requests=[
+            ("loglikelihood", ("c", " ")),
+            ("generate_until", ("c ", GREEDY_TOKEN_GEN_KWARGS)),
+            ("loglikelihood", ("c ", "5")),  # lm-eval scores " 5": the space token, then "5"
+            ("loglikelihood", ("c 5", "5")),
+            ("loglikelihood", ("c 55", "<eos>")),
+        ],
+        slots=[TokenSlot(0), TokenSlot(2, covers=2, generation=1, expected="5"), TokenSlot(3)],
+        eos_request=4,
+        mismatch=False,
     )
-    lls, greedy = plan.per_token([-0.1, -0.5, -0.2, -0.3], [True, True, False, True])
+    lls, greedy = plan.per_token([(-0.1, True), "7", (-0.5, True), (-0.2, False), (-0.3, True)])
     assert lls == pytest.approx([-0.1, -0.4, -0.2, -0.3])
-    assert greedy == [True, True, False]
-    # the whitespace token was not greedy: the next token's own flag is unobservable -> None
-    _, greedy = plan.per_token([-0.1, -0.5, -0.2, -0.3], [False, False, True, True])
+    assert greedy == [True, True, False]  # the space is greedy: the request's own flag is the token's
+    # the space is not greedy: the request's all-greedy flag says nothing, the greedy generation decides
+    _, greedy = plan.per_token([(-0.1, False), "5", (-0.5, False), (-0.2, True), (-0.3, True)])
+    assert greedy == [False, True, True]
+    _, greedy = plan.per_token([(-0.1, False), "7", (-0.5, False), (-0.2, True), (-0.3, True)])
+    assert greedy == [False, False, True]
+    # no generation request: the flag is unobservable -> None, counted as not greedy and flagged
+    plan.slots[1].generation = None
+    lls, greedy = plan.per_token([(-0.1, False), "5", (-0.5, False), (-0.2, True), (-0.3, True)])
     assert greedy == [False, None, True]
-    scores = memorization_scores([-0.1, -0.4, -0.2, -0.3], greedy, m=3)
+    scores = memorization_scores(lls, greedy, m=3)
     assert scores["token_mismatch"] == 1.0 and scores["em"] == pytest.approx(1 / 3)
+    assert scores["prob"] == pytest.approx(math.exp((-0.1 - 0.4 - 0.2 - 0.3) / 4))
 
 
 @pytest.mark.parametrize(
