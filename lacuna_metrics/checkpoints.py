@@ -33,7 +33,9 @@ __all__ = [
     "Checkpoint",
     "CheckpointError",
     "TensorInfo",
+    "FINGERPRINT_SCHEME",
     "check_compatible",
+    "file_fingerprint",
     "prefetched",
     "release_memory",
 ]
@@ -48,7 +50,10 @@ _SAFETENSORS_DTYPES: dict[str, torch.dtype] = {
 #: Also read by mask files (``Checkpoint(..., masks=True)``): the uint8 bit fields of up to 8 groups.
 _MASK_DTYPES: dict[str, torch.dtype] = {**_SAFETENSORS_DTYPES, "U8": torch.uint8}
 _MAX_HEADER = 100 * 1024 * 1024
-_EDGE = 1 << 20  # bytes hashed at each end of a weight file (the safetensors header comes first)
+#: Hashed into every :meth:`Checkpoint.fingerprint`; bump it when what the fingerprint covers changes.
+FINGERPRINT_SCHEME = "lacuna-weights/1"
+_HASH_CHUNK = 8 << 20  # bytes per read while hashing
+_HASH_THREADS = 4  # at most; never more than the CPUs
 _EMBEDDING_NAMES = ("model.embed_tokens.weight", "transformer.wte.weight", "embed_tokens.weight", "wte.weight")
 
 
@@ -105,6 +110,7 @@ class Checkpoint:
         self._infos: dict[str, TensorInfo] = {}
         self._aliases: dict[str, str] = {}
         self._pickle_cache: tuple[Path, dict[str, torch.Tensor]] | None = None
+        self._fingerprint: str | None = None
         self._files, expected = self._discover()
         for file in self._files:
             dtypes = _MASK_DTYPES if masks else _SAFETENSORS_DTYPES
@@ -186,21 +192,19 @@ class Checkpoint:
         return sum(i.numel * _itemsize(i.dtype) for i in self._infos.values())
 
     def fingerprint(self) -> str:
-        """``sha256:…`` of each weight file's name, size, header and first/last MiB.
+        """``sha256:…`` of the weights' content: what a score, a cache or a gate names this checkpoint by.
 
-        Cheap on multi-GB files yet changes whenever a save rewrites them (headers hold shapes, dtypes
-        and offsets; edge bytes hold the first and last tensors). Use it to key caches and manifests.
+        Covers every stored tensor (name, dtype, shape and all of its bytes) and the tied-weight aliases,
+        nothing else: not the path, file names, mtimes, sharding, tensor order inside the files,
+        safetensors ``__metadata__``, nor ``config.json`` / tokenizer files. So the same weights saved
+        sharded or as one file (safetensors or ``.bin``) share a fingerprint, and any changed scalar changes
+        it. Each tensor is hashed on its own (streamed in 8 MiB reads, a few tensors in parallel: ``hashlib``
+        releases the GIL), then the sorted list of ``(name, dtype, shape, digest)`` is hashed; see
+        :data:`FINGERPRINT_SCHEME`. Computed once per instance.
         """
-        digest = hashlib.sha256()
-        for file in self._files:
-            size = file.stat().st_size
-            digest.update(f"{file.name}\0{size}\0".encode())
-            with file.open("rb") as fh:
-                digest.update(fh.read(_EDGE))
-                if size > _EDGE:
-                    fh.seek(max(_EDGE, size - _EDGE))
-                    digest.update(fh.read(_EDGE))
-        return "sha256:" + digest.hexdigest()
+        if self._fingerprint is None:
+            self._fingerprint = _content_fingerprint(self)
+        return self._fingerprint
 
     # -- reading ------------------------------------------------------------------------------------
 
@@ -369,6 +373,82 @@ def _pickle_infos(file: Path) -> list[TensorInfo]:
             raise CheckpointError(f"{file}: tensor {name!r} has unsupported dtype {t.dtype}")
         infos.append(TensorInfo(name, file, t.dtype, tuple(t.shape)))
     return infos
+
+
+# -- fingerprints ---------------------------------------------------------------------------------
+
+_DTYPE_NAMES: dict[torch.dtype, str] = {dtype: name for name, dtype in _MASK_DTYPES.items()}
+_hash_buffers = threading.local()
+
+
+def _hash_buffer() -> memoryview:
+    buffer = getattr(_hash_buffers, "buffer", None)
+    if buffer is None:
+        buffer = _hash_buffers.buffer = memoryview(bytearray(_HASH_CHUNK))
+    return buffer
+
+
+def _hash_range(file: Path, offset: int, nbytes: int, digest: Any) -> None:
+    """Feed ``nbytes`` of ``file`` from ``offset`` to ``digest`` (a hashlib object) through a reused buffer."""
+    buffer = _hash_buffer()
+    fd = os.open(file, os.O_RDONLY)
+    try:
+        done = 0
+        while done < nbytes:
+            got = os.preadv(fd, [buffer[: min(len(buffer), nbytes - done)]], offset + done)
+            if got <= 0:
+                raise CheckpointError(f"{file}: truncated at byte {offset + done} while hashing")
+            digest.update(buffer[:got])
+            done += got
+    finally:
+        os.close(fd)
+
+
+def _tensor_digest(ckpt: Checkpoint, info: TensorInfo) -> str:
+    digest = hashlib.sha256()
+    if info.offset >= 0:
+        _hash_range(info.file, info.offset, info.numel * _itemsize(info.dtype), digest)
+    else:  # a PyTorch pickle: the tensor's bytes, made contiguous (as safetensors stores them)
+        tensor = ckpt._pickle_tensor(info).detach().contiguous().reshape(-1)
+        digest.update(tensor.view(torch.uint8).numpy().data)
+    return digest.hexdigest()
+
+
+def _content_fingerprint(ckpt: Checkpoint) -> str:
+    infos = list(ckpt._infos.values())
+    mapped = [i for i in infos if i.offset >= 0]
+    digests: dict[str, str] = {}
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    workers = max(1, min(_HASH_THREADS, cpus, len(mapped)))
+    if workers > 1:
+        from concurrent.futures import ThreadPoolExecutor
+
+        order = sorted(mapped, key=lambda i: (str(i.file), i.offset))  # file order: sequential reads
+        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="lacuna-fingerprint") as pool:
+            digests.update(
+                zip((i.name for i in order), pool.map(lambda i: _tensor_digest(ckpt, i), order), strict=True)
+            )
+    for info in infos:  # pickles (one shard loaded at a time) and the single-thread case
+        if info.name not in digests:
+            digests[info.name] = _tensor_digest(ckpt, info)
+    payload = {
+        "scheme": FINGERPRINT_SCHEME,
+        "tensors": [
+            [name, _DTYPE_NAMES[ckpt._infos[name].dtype], list(ckpt._infos[name].shape), digests[name]]
+            for name in sorted(digests)
+        ],
+        "aliases": sorted([alias, target] for alias, target in ckpt._aliases.items()),
+    }
+    canonical = json.dumps(payload, separators=(",", ":"), ensure_ascii=True)
+    return "sha256:" + hashlib.sha256(canonical.encode("ascii")).hexdigest()
+
+
+def file_fingerprint(path: str | os.PathLike[str]) -> str:
+    """``sha256:…`` of a whole file's bytes (mask files: their metadata names the forget/retain groups)."""
+    path = Path(path)
+    digest = hashlib.sha256()
+    _hash_range(path, 0, path.stat().st_size, digest)
+    return "sha256:" + digest.hexdigest()
 
 
 # -- pairing ----------------------------------------------------------------------------------------

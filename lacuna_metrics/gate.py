@@ -5,8 +5,16 @@ JSON or ``--output_path`` directory (one subject: the checkpoint; optionally wit
 ``score.json`` for AUC/FRAG), or a ``score.json`` alone. Every criterion is checked against every
 subject; the verdicts are printed as a table and optionally written as JUnit XML and JSON.
 
+Results it combines must describe one checkpoint: lm-eval results and their ``--score`` are paired only
+when the checkpoint lm-eval evaluated (``pretrained=`` in ``config.model_args``, fingerprinted where it
+is now) has the content fingerprint the score.json recorded for its ``after`` checkpoint. A mismatch is
+always refused; a pair that cannot be verified (score.json older than schema 2, checkpoint gone or a hub
+model not in the local cache, weights rewritten after the evaluation, an adapter) is refused unless
+``--allow-unverified``. See ``docs/ci.md``.
+
 Exit codes: 0 all criteria pass, 1 some criterion fails (or is MISSING without ``--allow-missing``),
-2 bad input (unreadable or malformed file, unknown method, bad ``--check``, no criteria).
+2 bad input (unreadable or malformed file, unknown method, bad ``--check``, no criteria, mismatched or
+unverifiable checkpoints).
 """
 
 from __future__ import annotations
@@ -29,6 +37,7 @@ __all__ = [
     "Criterion",
     "Document",
     "GateError",
+    "Identity",
     "Subject",
     "Verdict",
     "add_arguments",
@@ -42,12 +51,15 @@ __all__ = [
     "parse_check",
     "run",
     "verdicts_json",
+    "verify_pair",
     "write_junit",
 ]
 
 RUN_SCHEMA = "lacuna-bench/run"
 RUN_SCHEMA_VERSION = 1
 SCORE_SCHEMA = "lacuna-bench/score"
+SCORE_SCHEMA_VERSION = 2  #: the newest score.json this gate knows
+_FINGERPRINTED_SCORE_VERSION = 2  # the first whose fingerprints cover every byte of the weights
 GATE_SCHEMA = "lacuna-bench/gate"
 GATE_SCHEMA_VERSION = 1
 
@@ -180,6 +192,7 @@ class Subject:
     metrics: dict[str, Any] = dataclasses.field(default_factory=dict)
     base: tuple[str, ...] = ()  # where the subject lives in ``document.root`` (relative dotted paths)
     notes: list[str] = dataclasses.field(default_factory=list)
+    checkpoint: dict[str, Any] | None = None  # the checkpoint it describes (path, fingerprint, verification)
 
 
 @dataclass(frozen=True)
@@ -335,13 +348,16 @@ def load_subjects(
     methods: Sequence[str] | None = None,
     field: str | None = None,
     score: str | os.PathLike[str] | Mapping[str, Any] | None = None,
+    allow_unverified: bool = False,
 ) -> list[Subject]:
     """The subjects of one input: every method (or only ``methods``) of a ``lacuna run`` results.json,
     or the checkpoint of an lm-eval results JSON / ``--output_path`` directory (``field`` picks the
     ``lacuna_<field>_*`` tasks; default: the single field present), or the checkpoint of a score.json.
 
     ``score`` (a score.json path or parsed dict) adds AUC/FRAG metrics to lm-eval input; under the
-    key ``score`` it is also reachable by dotted ``--check`` paths. Raises :class:`GateError` on bad input.
+    key ``score`` it is also reachable by dotted ``--check`` paths. The pair must describe the same
+    checkpoint (see :func:`verify_pair`; ``allow_unverified`` accepts pairs that cannot be checked).
+    Raises :class:`GateError` on bad input, mismatched or (without ``allow_unverified``) unverifiable pairs.
     """
     resolved = _resolve_input(Path(path))
     doc = _read_json(resolved)
@@ -358,10 +374,13 @@ def load_subjects(
     if kind == "run":
         return _run_subjects(resolved, doc, methods, field)
     if kind == "score":
-        inputs = _get(doc, "manifest.inputs.after.path")
+        identity = _score_identity(doc, str(resolved))
         document = Document(resolved, kind, doc)
-        return [Subject(str(inputs or resolved), document, _score_metrics(doc))]
-    return [_lm_eval_subject(resolved, doc, field, score)]
+        record = {"path": identity.path, "fingerprint": identity.fingerprint}
+        subject = Subject(str(identity.path or resolved), document, _score_metrics(doc), checkpoint=record)
+        subject.notes += _score_version_notes(doc, resolved)
+        return [subject]
+    return [_lm_eval_subject(resolved, doc, field, score, allow_unverified)]
 
 
 def _run_subjects(path: Path, doc: dict[str, Any], methods: Sequence[str] | None, field: str | None) -> list[Subject]:
@@ -391,12 +410,17 @@ def _run_subjects(path: Path, doc: dict[str, Any], methods: Sequence[str] | None
         metrics = {key: _get(entry, dotted) for key, dotted in _RUN_METRICS.items()}
         if isinstance(metrics["frag"], Mapping):  # a score.json-style FRAG section
             metrics["frag"] = metrics["frag"].get("frag")
-        subjects.append(Subject(name, document, metrics, ("methods", name), list(notes)))
+        record = _run_method_identity(path, name, entry)
+        subjects.append(Subject(name, document, metrics, ("methods", name), list(notes), checkpoint=record))
     return subjects
 
 
 def _lm_eval_subject(
-    path: Path, doc: dict[str, Any], field: str | None, score: str | os.PathLike[str] | Mapping[str, Any] | None
+    path: Path,
+    doc: dict[str, Any],
+    field: str | None,
+    score: str | os.PathLike[str] | Mapping[str, Any] | None,
+    allow_unverified: bool = False,
 ) -> Subject:
     results = doc["results"]
     fields = _lm_eval_fields(results)
@@ -414,11 +438,243 @@ def _lm_eval_subject(
     for task, metric, key in _LM_EVAL_METRICS:
         metrics[key] = _lm_eval_value(results.get(f"lacuna_{field}_{task}"), metric)
     root: dict[str, Any] = dict(doc)
+    record, notes = None, []
     if score is not None:
         score_doc = score if isinstance(score, Mapping) else _load_score(score)
+        score_label = "score.json" if isinstance(score, Mapping) else str(score)
+        record = verify_pair(path, doc, score_label, score_doc, allow_unverified=allow_unverified)
+        notes = [f"unverified checkpoint: {problem}" for problem in record["problems"]]
+        notes += _score_version_notes(score_doc, score_label)
         metrics.update(_score_metrics(score_doc))
         root["score"] = score_doc
-    return Subject(_model_name(doc, path), Document(path, "lm-eval", root), metrics)
+    return Subject(_model_name(doc, path), Document(path, "lm-eval", root), metrics, notes=notes, checkpoint=record)
+
+
+# ---------------------------------------------------------------------------------- checkpoint identity
+
+_STALE_SLACK_SECONDS = 2.0  # timestamp granularity and clock slack for "weights written after the evaluation"
+_COMMIT_RE = re.compile(r"^[0-9a-f]{40}$")
+_REPO_ID_RE = re.compile(r"^[A-Za-z0-9_.-]+(/[A-Za-z0-9_.-]+)?$")
+#: ``model_args`` that change the evaluated weights beyond ``pretrained``: not a checkpoint directory.
+_ADAPTER_ARGS = ("peft", "delta", "gguf_file")
+
+
+@dataclass
+class Identity:
+    """The checkpoint a results file describes: its path and content fingerprint as far as known, and why
+    it cannot be verified (``problems``, empty when verified)."""
+
+    path: str | None
+    fingerprint: str | None
+    problems: list[str] = dataclasses.field(default_factory=list)
+
+
+#: Fingerprints already computed during one gate run (``_collect_subjects``), by resolved directory.
+_MEMO: dict[str, str] | None = None
+
+
+def _fingerprint(directory: Path, what: str) -> tuple[str, list[Path]]:
+    """Content fingerprint (:meth:`Checkpoint.fingerprint`) and weight files of ``directory``; GateError if unreadable.
+
+    Within one gate run a checkpoint named by several inputs is hashed once.
+    """
+    from lacuna_metrics.checkpoints import Checkpoint, CheckpointError
+
+    try:
+        ckpt = Checkpoint(directory)
+        key = str(directory)
+        fingerprint = _MEMO.get(key) if _MEMO is not None else None
+        if fingerprint is None:
+            fingerprint = ckpt.fingerprint()
+            if _MEMO is not None:
+                _MEMO[key] = fingerprint
+        return fingerprint, ckpt.files
+    except (CheckpointError, OSError) as exc:
+        detail = " ".join(str(exc).split())
+        raise GateError(f"{directory}: cannot fingerprint {what}: {detail}") from None
+
+
+def _short(fingerprint: str | None) -> str:
+    return "no fingerprint" if not fingerprint else fingerprint[: len("sha256:") + 12] + "…"
+
+
+def _model_args(doc: Mapping[str, Any]) -> dict[str, str]:
+    """lm-eval's ``config.model_args`` (a ``k=v,k=v`` string or a dict) as a dict of strings."""
+    config = doc.get("config")
+    args = config.get("model_args") if isinstance(config, Mapping) else None
+    if isinstance(args, Mapping):
+        return {str(k): str(v) for k, v in args.items() if v is not None}
+    out: dict[str, str] = {}
+    if isinstance(args, str):
+        for part in args.split(","):
+            key, sep, value = part.partition("=")
+            if sep and key.strip():
+                out[key.strip()] = value.strip()
+    return out
+
+
+def _hub_snapshot(name: str, args: Mapping[str, str], doc: Mapping[str, Any]) -> tuple[Path | None, str]:
+    """The local Hugging Face cache snapshot of hub model ``name`` at the commit lm-eval recorded, or why not."""
+    if not _REPO_ID_RE.match(name) or name.startswith(".") or ".." in name:
+        return None, f"lm-eval evaluated {name}, which does not exist here (run the gate where the checkpoint is)"
+    config = doc.get("config") if isinstance(doc.get("config"), Mapping) else {}
+    pins = (config.get("model_sha"), config.get("model_revision"), args.get("revision"))
+    commit = next((c for c in pins if isinstance(c, str) and _COMMIT_RE.match(c)), None)
+    if commit is None:
+        return None, (
+            f"lm-eval evaluated {name}, which is no local directory here, and the results pin no hub commit "
+            "(config.model_sha) to find that model in the Hugging Face cache"
+        )
+    try:
+        from huggingface_hub import constants
+
+        cache = Path(constants.HF_HUB_CACHE)
+    except ImportError:
+        return None, f"lm-eval evaluated the hub model {name}@{commit[:12]} and huggingface_hub is not installed"
+    snapshot = cache / ("models--" + name.replace("/", "--")) / "snapshots" / commit
+    if args.get("subfolder"):
+        snapshot = snapshot / args["subfolder"]
+    if not snapshot.is_dir():
+        return None, f"lm-eval evaluated the hub model {name}@{commit[:12]}, which is not in the local cache {cache}"
+    return snapshot, ""
+
+
+def _lm_eval_identity(path: Path, doc: Mapping[str, Any]) -> Identity:
+    """The checkpoint lm-eval results describe: ``pretrained=`` of ``config.model_args`` (a relative path is
+    taken from the current directory; a hub id from the local HF cache at the recorded commit), fingerprinted
+    as it is now. A local checkpoint whose weight files are newer than the evaluation (``date``) is unverified."""
+    args = _model_args(doc)
+    pretrained = args.get("pretrained")
+    if not pretrained:
+        return Identity(
+            None, None, [f"{path}: these lm-eval results name no checkpoint (no pretrained= in model_args)"]
+        )
+    adapters = [f"{k}={args[k]}" for k in _ADAPTER_ARGS if args.get(k)]
+    if adapters:
+        return Identity(
+            pretrained,
+            None,
+            [
+                f"{path}: lm-eval evaluated {pretrained} with {', '.join(adapters)}, which is not one checkpoint directory"
+            ],
+        )
+    local = Path(pretrained).expanduser()
+    if args.get("subfolder"):
+        local = local / args["subfolder"]
+    hub = not local.exists()
+    if hub:
+        snapshot, problem = _hub_snapshot(pretrained, args, doc)
+        if snapshot is None:
+            return Identity(pretrained, None, [f"{path}: {problem}"])
+        directory = snapshot
+    else:
+        directory = local.resolve()
+    fingerprint, files = _fingerprint(directory, f"the checkpoint lm-eval evaluated ({path})")
+    problems = []
+    started = doc.get("date")
+    if not hub and _is_number(started) and files:  # hub snapshots are immutable; their mtime is the download
+        newest = max(f.stat().st_mtime for f in files)
+        if newest > started + _STALE_SLACK_SECONDS:
+            problems.append(
+                f"{path}: {directory} was rewritten after lm-eval evaluated it (weights modified {_iso(newest)}, "
+                f"evaluation started {_iso(started)}), so these results may describe an earlier checkpoint"
+            )
+    return Identity(str(directory), fingerprint, problems)
+
+
+def _iso(timestamp: float) -> str:
+    import datetime
+
+    return datetime.datetime.fromtimestamp(timestamp, tz=datetime.timezone.utc).isoformat(timespec="seconds")
+
+
+def _score_version_notes(score: Mapping[str, Any], label: str | Path) -> list[str]:
+    version = score.get("schema_version")
+    if _is_number(version) and version > SCORE_SCHEMA_VERSION:
+        return [f"{label}: score.json schema_version {version}, this gate knows {SCORE_SCHEMA_VERSION}"]
+    return []
+
+
+def _score_identity(score: Mapping[str, Any], label: str) -> Identity:
+    """The ``after`` checkpoint a score.json recorded; unverified unless schema 2+ with a content fingerprint."""
+    version = score.get("schema_version")
+    after = _get(score, "manifest.inputs.after")
+    path = after.get("path") if isinstance(after, Mapping) else None
+    fingerprint = after.get("fingerprint") if isinstance(after, Mapping) else None
+    path = str(path) if path is not None else None
+    newer = _is_number(version) and version >= _FINGERPRINTED_SCORE_VERSION
+    if not newer or not isinstance(fingerprint, str) or not fingerprint.startswith("sha256:"):
+        return Identity(
+            path,
+            None,
+            [
+                f"{label}: score.json schema_version {version!r} does not record the content fingerprint of the "
+                f"checkpoint it scored; re-score it (lacuna score --after {path or 'CKPT'} ...) to get one"
+            ],
+        )
+    return Identity(path, fingerprint)
+
+
+def verify_pair(
+    results: Path,
+    doc: Mapping[str, Any],
+    score_label: str,
+    score: Mapping[str, Any],
+    *,
+    allow_unverified: bool = False,
+) -> dict[str, Any]:
+    """Check that lm-eval ``results`` (parsed: ``doc``) and a score.json describe the same checkpoint.
+
+    Refuses (GateError) when both fingerprints are known and differ, whatever ``allow_unverified``; when the
+    pair cannot be verified, refuses unless ``allow_unverified``, which then still compares the lm-eval
+    checkpoint with what is now at an old score's ``after`` path. Returns the JSON-ready record: ``path`` and
+    ``fingerprint`` of the evaluated checkpoint, the score's ``after``, ``verified`` and ``problems``.
+    """
+    evaluated = _lm_eval_identity(results, doc)
+    scored = _score_identity(score, score_label)
+
+    def mismatch(score_fp: str | None, how: str) -> GateError:
+        return GateError(
+            f"checkpoint mismatch: {results} are lm-eval results of {evaluated.path} ({_short(evaluated.fingerprint)}), "
+            f"but {score_label} {how} {scored.path} ({_short(score_fp)}); score the evaluated checkpoint "
+            f"(lacuna score --after {evaluated.path} ...) or give the score.json of {evaluated.path}"
+        )
+
+    if evaluated.fingerprint and scored.fingerprint and evaluated.fingerprint != scored.fingerprint:
+        raise mismatch(scored.fingerprint, "scored")
+    problems = evaluated.problems + scored.problems
+    if problems and not allow_unverified:
+        raise GateError("; ".join(problems) + "; or pass --allow-unverified to gate the pair anyway")
+    if evaluated.fingerprint and scored.fingerprint is None and scored.path and Path(scored.path).exists():
+        now, _ = _fingerprint(Path(scored.path), f"the score's after checkpoint ({score_label})")
+        if now != evaluated.fingerprint:  # not what was scored, but what is there now: still a contradiction
+            raise mismatch(now, "was computed for the checkpoint at")
+    return {
+        "path": evaluated.path,
+        "fingerprint": evaluated.fingerprint,
+        "score": score_label,
+        "score_after": {"path": scored.path, "fingerprint": scored.fingerprint},
+        "verified": not problems,
+        "problems": problems,
+    }
+
+
+def _run_method_identity(path: Path, name: str, entry: Mapping[str, Any]) -> dict[str, Any] | None:
+    """``methods.NAME.checkpoint`` (the model evaluated and attacked) against ``methods.NAME.score_checkpoint``
+    (the score's ``after``), when the run recorded them: results of two checkpoints in one entry are refused."""
+    evaluated, scored = entry.get("checkpoint"), entry.get("score_checkpoint")
+    if not isinstance(evaluated, Mapping):
+        return None
+    record = {"path": evaluated.get("path"), "fingerprint": evaluated.get("fingerprint")}
+    if isinstance(scored, Mapping):
+        a, b = evaluated.get("fingerprint"), scored.get("fingerprint")
+        if isinstance(a, str) and isinstance(b, str) and a != b:
+            raise GateError(
+                f"checkpoint mismatch: {path}: method {name} was evaluated on {evaluated.get('path')} ({_short(a)}) "
+                f"but scored on {scored.get('path')} ({_short(b)}); re-run lacuna run (a stale stage?)"
+            )
+        record["score_after"] = {"path": scored.get("path"), "fingerprint": b}
+    return record
 
 
 # -------------------------------------------------------------------------------------------- criteria
@@ -615,9 +871,7 @@ def verdicts_json(
         "passed": code == 0,
         "exit_code": code,
         "allow_missing": allow_missing,
-        "inputs": [
-            {"path": p, "kind": next(s.document.kind for s in subjects if str(s.document.path) == p)} for p in sources
-        ],
+        "inputs": [_input_json(p, [s for s in subjects if str(s.document.path) == p]) for p in sources],
         "criteria": [
             {
                 "name": c.name,
@@ -646,6 +900,19 @@ def verdicts_json(
             for v in verdicts
         ],
     }
+
+
+def _input_json(path: str, members: Sequence[Subject]) -> dict[str, Any]:
+    """One input of the JSON report: path, kind and the checkpoint(s) it describes."""
+    kind = members[0].document.kind
+    entry: dict[str, Any] = {"path": path, "kind": kind}
+    if kind == "run":
+        recorded = {s.name: s.checkpoint for s in members if s.checkpoint is not None}
+        if recorded:
+            entry["checkpoints"] = recorded
+    elif members[0].checkpoint is not None:
+        entry["checkpoint"] = members[0].checkpoint
+    return entry
 
 
 # ------------------------------------------------------------------------------------------------ CLI
@@ -701,6 +968,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--allow-missing", action="store_true", help="a criterion whose metric was not measured does not fail"
     )
+    parser.add_argument(
+        "--allow-unverified",
+        action="store_true",
+        help="gate lm-eval results with a --score whose checkpoint identity cannot be verified (score.json "
+        "without fingerprints, checkpoint directory gone or a hub model not cached, weights rewritten after "
+        "the evaluation); a proven mismatch is refused anyway",
+    )
     parser.add_argument("--junit", metavar="FILE", help="write the verdicts as JUnit XML")
     parser.add_argument("--json", dest="json_out", metavar="FILE", help="write the verdicts as JSON")
 
@@ -721,15 +995,23 @@ def _collect_subjects(args: argparse.Namespace) -> list[Subject]:
         )
     if args.method and "run" not in kinds:
         raise GateError("--method applies to a lacuna results.json, but none was given")
-    score_docs = [_load_score(s) for s in scores]
+    for s in scores:
+        _load_score(s)  # every score.json is readable before any checkpoint is fingerprinted
+    allow = bool(getattr(args, "allow_unverified", False))
     subjects: list[Subject] = []
     i = 0
-    for p, k in zip(paths, kinds, strict=True):
-        score = None
-        if k == "lm-eval" and score_docs:
-            score = score_docs[i] if len(score_docs) > 1 else score_docs[0]
-            i += 1
-        subjects += load_subjects(p, methods=args.method if k == "run" else None, field=args.field, score=score)
+    global _MEMO
+    _MEMO = {}
+    try:
+        for p, k in zip(paths, kinds, strict=True):
+            score = None
+            if k == "lm-eval" and scores:
+                score = scores[i] if len(scores) > 1 else scores[0]
+                i += 1
+            method = args.method if k == "run" else None
+            subjects += load_subjects(p, methods=method, field=args.field, score=score, allow_unverified=allow)
+    finally:
+        _MEMO = None
     return subjects
 
 
@@ -754,6 +1036,12 @@ def run(args: argparse.Namespace) -> int:
         print(f"lacuna gate: warning: {note}", file=sys.stderr)
     for source in dict.fromkeys((str(s.document.path), s.document.kind) for s in subjects):
         print(f"input: {source[0]} ({source[1]})")
+        for s in subjects:
+            record = s.checkpoint
+            if str(s.document.path) == source[0] and s.document.kind == "lm-eval" and record is not None:
+                status = "verified" if record["verified"] else "UNVERIFIED (--allow-unverified)"
+                fp = _short(record["fingerprint"])
+                print(f"  checkpoint: {record['path']} ({fp}) = {record['score']} after: {status}")
     print()
     print(format_table(verdicts, allow_missing=args.allow_missing))
     try:

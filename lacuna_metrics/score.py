@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from lacuna_metrics.checkpoints import Checkpoint, check_compatible, prefetched
+from lacuna_metrics.checkpoints import Checkpoint, check_compatible, file_fingerprint, prefetched
 from lacuna_metrics.localization import Localization, LocalizationConfig
 from lacuna_metrics.manifest import hardware, package_versions
 from lacuna_metrics.masks import MaskReader
@@ -23,7 +23,9 @@ from lacuna_metrics.masks import MaskReader
 __all__ = ["SCHEMA", "SCHEMA_VERSION", "default_cache_dir", "score_pair", "score_to_dir"]
 
 SCHEMA = "lacuna-bench/score"
-SCHEMA_VERSION = 1
+#: 2: every input names its checkpoint by resolved path and content fingerprint (Checkpoint.fingerprint),
+#: ``manifest.masks`` is ``{path, fingerprint}``. Version 1 fingerprints hashed only the first/last MiB.
+SCHEMA_VERSION = 2
 
 PathLike = str | os.PathLike[str]
 
@@ -97,6 +99,12 @@ def score_pair(
     for i, path in enumerate(crossfield):
         ckpts[f"crossfield{i}"] = Checkpoint(path)
     check_compatible(ckpts)
+    # Name what is scored before scoring it: resolved path and content fingerprint of every input.
+    inputs = {label: {"path": str(c.path.resolve()), "fingerprint": c.fingerprint()} for label, c in ckpts.items()}
+    mask_reader = MaskReader(masks) if masks is not None else None  # validates the file before hashing it
+    masks_id = (
+        {"path": str(Path(masks).resolve()), "fingerprint": file_fingerprint(masks)} if masks is not None else None
+    )
 
     from lacuna_metrics.distance import DistanceAccumulator
 
@@ -133,11 +141,11 @@ def score_pair(
 
     total = sum(ckpts["before"].info(n).numel for n in ckpts["before"].names if not ckpts["before"].is_alias(n))
     with _progress_bar(total, progress) as bar:
-        if masks is not None:
+        if mask_reader is not None:
             localization = Localization(
                 ckpts["before"],
                 ckpts["after"],
-                MaskReader(masks),
+                mask_reader,
                 base=ckpts.get("base"),
                 control=(ckpts["control_before"], ckpts["control_after"]) if "control_before" in ckpts else None,
                 crossfield=[ckpts[k] for k in ckpts if k.startswith("crossfield")],
@@ -172,9 +180,9 @@ def score_pair(
         "localization_settings": loc["settings"] if loc else None,
     }
     result["manifest"] = {
-        "inputs": {label: {"path": str(c.path), "fingerprint": c.fingerprint()} for label, c in ckpts.items()},
-        "masks": str(masks) if masks is not None else None,
-        "testbed": str(testbed) if testbed is not None else None,
+        "inputs": inputs,
+        "masks": masks_id,
+        "testbed": str(Path(testbed).resolve()) if testbed is not None else None,
         "calibration": {"forget": str(forget_source), "retain": str(retain_source), "samples": calib_samples}
         if frag_acc is not None
         else None,

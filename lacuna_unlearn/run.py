@@ -298,10 +298,12 @@ def run_benchmark(
 def _run_locked(out: Path, cfg: dict[str, Any], log: Callable[[str], None]) -> dict[str, Any]:
     from hydra import compose, initialize_config_module
 
+    from lacuna_metrics.checkpoints import Checkpoint
     from lacuna_metrics.localization import LocalizationConfig
     from lacuna_metrics.manifest import hardware, package_versions, write_json
     from lacuna_metrics.report import write_run_report
     from lacuna_metrics.reversibility import classify_regime
+    from lacuna_metrics.score import SCHEMA_VERSION as SCORE_SCHEMA_VERSION
     from lacuna_metrics.score import score_to_dir
     from lacuna_unlearn.attacks import resurfacing_attack
     from lacuna_unlearn.train import EDITORS
@@ -353,6 +355,8 @@ def _run_locked(out: Path, cfg: dict[str, Any], log: Callable[[str], None]) -> d
             model = u_stage / "model"
             u_key = u_stage.name
             entry: dict[str, Any] = {"overrides": extra, "model": str(model)}
+            # the checkpoint this entry describes; lacuna gate checks it against the score's `after`
+            entry["checkpoint"] = {"path": str(model.resolve()), "fingerprint": Checkpoint(model).fingerprint()}
             manifest = json.loads((model / "unlearn_manifest.json").read_text())
             entry["unlearn_seconds"] = manifest.get("wall_seconds")
             entry["behaviour"] = _behaviour(
@@ -368,7 +372,7 @@ def _run_locked(out: Path, cfg: dict[str, Any], log: Callable[[str], None]) -> d
                 s_stage = stages.get(
                     "score",
                     f"[{field}] score {name}",
-                    {"model": u_key, "testbed": tb_key, "score": scfg},
+                    {"model": u_key, "testbed": tb_key, "score": scfg, "schema": SCORE_SCHEMA_VERSION},
                     lambda tmp, model=model, loc=loc, scfg=scfg: score_to_dir(
                         tmp / "score",
                         plots=False,
@@ -380,6 +384,7 @@ def _run_locked(out: Path, cfg: dict[str, Any], log: Callable[[str], None]) -> d
                     ),  # fmt: skip
                 )
                 score = json.loads((s_stage / "score" / "score.json").read_text())
+                entry["score_checkpoint"] = score["manifest"]["inputs"]["after"]
                 entry["auc"] = {
                     target: {"best": score["auc"][target].get("best"), "raw": score["auc"][target].get("raw")}
                     for target in score["auc"]

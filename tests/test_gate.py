@@ -329,12 +329,16 @@ def test_method_not_an_object(tmp_path, capsys):
 def test_lm_eval_dir_with_score(tmp_path, capsys):
     out = lm_eval_dir(tmp_path)
     score = score_json(tmp_path, auc=0.85)
-    args = ["--max-leak", "0.1", "--min-retain", "0.8", "--max-jw", "0.1", "--max-success", "0.2"]
+    # a schema-1 score.json of a checkpoint that is not here: unverifiable, gated only on request
+    # (the pairing rules themselves: tests/test_gate_checkpoints.py)
+    args = ["--max-leak", "0.1", "--min-retain", "0.8", "--max-jw", "0.1", "--max-success", "0.2", "--allow-unverified"]
     assert gate(out, "--score", score, *args, "--min-auc", "0.85", "--max-frag", "0.25") == 0
-    text = capsys.readouterr().out
-    assert "/ckpts/unlearned" in text and "results_2026-01-01T00-00-00.000001.json" in text
-    assert gate(out, "--score", score, "--min-auc", "0.9") == 1
-    assert gate(out, "--score", score, "--check", "score.auc.forget.qtile>=0.8") == 0
+    captured = capsys.readouterr()
+    assert "/ckpts/unlearned" in captured.out and "results_2026-01-01T00-00-00.000001.json" in captured.out
+    assert "UNVERIFIED" in captured.out and "warning: unverified checkpoint" in captured.err
+    assert gate(out, "--score", score, "--min-auc", "0.9", "--allow-unverified") == 1
+    assert gate(out, "--score", score, "--check", "score.auc.forget.qtile>=0.8", "--allow-unverified") == 0
+    assert gate(out, "--score", score, "--min-auc", "0.5") == 2  # refused without --allow-unverified
     assert gate(out, "--check", "results.lacuna_email_forget_qa.leak_rate,none<=0.05") == 0
     # AUC without --score is not measured
     assert gate(out, "--min-auc", "0.5") == 1
@@ -386,9 +390,10 @@ def test_mixed_inputs_with_one_score_each(tmp_path):
     other = tmp_path / "other"
     second = lm_eval_dir(other, lm_eval_results(leak=0.0))
     good, bad = score_json(tmp_path / "a", auc=0.9), score_json(tmp_path / "b", auc=0.5)
-    assert gate(out, second, "--score", good, "--score", bad, "--min-auc", "0.8") == 1
-    assert gate(out, second, "--score", good, "--min-auc", "0.8") == 0
-    assert gate(out, second, "--score", good, "--score", bad, "--score", good, "--min-auc", "0.8") == 2
+    unverified = "--allow-unverified"  # fake checkpoints: see tests/test_gate_checkpoints.py for the pairing
+    assert gate(out, second, "--score", good, "--score", bad, "--min-auc", "0.8", unverified) == 1
+    assert gate(out, second, "--score", good, "--min-auc", "0.8", unverified) == 0
+    assert gate(out, second, "--score", good, "--score", bad, "--score", good, "--min-auc", "0.8", unverified) == 2
     assert gate(out, run_results(tmp_path), "--method", "oracle_grad", "--max-leak", "0.1") == 0
 
 

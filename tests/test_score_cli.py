@@ -16,6 +16,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from lacuna_metrics.checkpoints import Checkpoint, file_fingerprint
 from lacuna_metrics.localization import SCORES
 from lacuna_metrics.masks import load_masks
 
@@ -113,7 +114,7 @@ def test_score_writes_json_markdown_and_plots(scored, first):
     for png in ("roc.png", "layers.png"):
         data = (out / "plots" / png).read_bytes()
         assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 1000
-    assert result["schema"] == "lacuna-bench/score" and result["schema_version"] == 1
+    assert result["schema"] == "lacuna-bench/score" and result["schema_version"] == 2
 
     auc = result["auc"]
     assert auc["forget"]["raw"] > 0.99  # the planted update touches forget scalars only
@@ -148,9 +149,15 @@ def test_score_writes_json_markdown_and_plots(scored, first):
 
     manifest = result["manifest"]
     assert {"before", "after", "base"} <= set(manifest["inputs"])
-    for entry in manifest["inputs"].values():
-        assert entry["fingerprint"].startswith("sha256:") and Path(entry["path"]).exists()
-    assert Path(manifest["inputs"]["after"]["path"]).resolve() == scored.after.resolve()
+    for entry in manifest["inputs"].values():  # schema 2: resolved path and content fingerprint of each input
+        assert entry["fingerprint"] == Checkpoint(entry["path"]).fingerprint()
+        assert Path(entry["path"]).is_absolute() and Path(entry["path"]) == Path(entry["path"]).resolve()
+    assert manifest["inputs"]["after"]["path"] == str(scored.after.resolve())
+    assert manifest["inputs"]["before"]["path"] == str((scored.testbed / "model").resolve())
+    assert manifest["masks"] == {
+        "path": str((scored.testbed / "masks.safetensors").resolve()),
+        "fingerprint": file_fingerprint(scored.testbed / "masks.safetensors"),
+    }
     assert "torch" in manifest["versions"] and "cpu_count" in manifest["hardware"]
     assert manifest["config"]["composite_samples"] == 20000 and manifest["seed"] == 42
 
