@@ -9,11 +9,21 @@ import json
 import os
 import platform
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
-__all__ = ["hardware", "package_versions", "save_figure", "save_tensors", "write_json", "write_text"]
+__all__ = [
+    "hardware",
+    "package_versions",
+    "publish_together",
+    "save_figure",
+    "save_tensors",
+    "write_json",
+    "write_text",
+]
 
 #: Packages whose versions matter for a score or a testbed.
 DEFAULT_PACKAGES = ("lacuna-bench", "torch", "transformers", "safetensors", "numpy", "scikit-learn")
@@ -82,6 +92,29 @@ def save_tensors(path: str | os.PathLike[str], tensors: dict[str, Any], metadata
 def write_json(path: str | os.PathLike[str], content: dict[str, Any]) -> Path:
     """Write ``content`` as indented JSON atomically (NaN is refused: it is not JSON)."""
     return write_text(path, json.dumps(content, indent=2, default=str, allow_nan=False) + "\n")
+
+
+@contextmanager
+def publish_together(out: str | os.PathLike[str]) -> Iterator[Path]:
+    """Yield a staging directory inside ``out``; when the block succeeds, move every file written there into
+    ``out`` (same relative paths, one ``os.replace`` each, the top-level ``*.json`` last), so readers see a
+    command's outputs together: after a failure ``out`` holds nothing new, and never a report beside an older
+    JSON. Unlike replacing the whole directory, files of ``out`` that the command does not write are kept."""
+    import shutil
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=".staging-", dir=out))
+    try:
+        yield staging
+        files = sorted(p for p in staging.rglob("*") if p.is_file())
+        files.sort(key=lambda p: (p.parent == staging and p.suffix == ".json", str(p)))
+        for file in files:
+            target = out / file.relative_to(staging)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            os.replace(file, target)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
 
 
 def save_figure(fig: Any, path: str | os.PathLike[str], dpi: int = 110) -> Path:

@@ -200,17 +200,19 @@ def score_pair(
 def score_to_dir(out: PathLike, *, plots: bool = False, **kwargs: Any) -> Path:
     """Run :func:`score_pair` and write ``score.json``, ``score.md`` (and ``plots/*.png``) into ``out``.
 
-    Files are written atomically; nothing is written when scoring fails.
+    The files appear together (:func:`lacuna_metrics.manifest.publish_together`); nothing is written when
+    scoring or any of the writers fails.
     """
-    from lacuna_metrics.manifest import write_json, write_text
+    from lacuna_metrics.manifest import publish_together, write_json, write_text
     from lacuna_metrics.report import markdown_summary, write_plots
 
     result = score_pair(**kwargs)
     out = Path(out)
-    if plots:
-        write_plots(result, out / "plots")
-    write_text(out / "score.md", markdown_summary(result))
-    write_json(out / "score.json", result)
+    with publish_together(out) as staging:
+        if plots:
+            write_plots(result, staging / "plots")
+        write_text(staging / "score.md", markdown_summary(result))
+        write_json(staging / "score.json", result)
     return out
 
 

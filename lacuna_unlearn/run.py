@@ -300,7 +300,7 @@ def _run_locked(out: Path, cfg: dict[str, Any], log: Callable[[str], None]) -> d
 
     from lacuna_metrics.checkpoints import Checkpoint
     from lacuna_metrics.localization import LocalizationConfig
-    from lacuna_metrics.manifest import hardware, package_versions, write_json
+    from lacuna_metrics.manifest import hardware, package_versions, publish_together, write_json
     from lacuna_metrics.report import write_run_report
     from lacuna_metrics.reversibility import classify_regime
     from lacuna_metrics.score import SCHEMA_VERSION as SCORE_SCHEMA_VERSION
@@ -467,6 +467,7 @@ def _run_locked(out: Path, cfg: dict[str, Any], log: Callable[[str], None]) -> d
             },
         }
     )
-    write_json(out / "results.json", results)
-    write_run_report(out, results)
+    with publish_together(out) as staging:  # results.json, report.md and plots/ appear together
+        write_run_report(staging, results)
+        write_json(staging / "results.json", results)
     return results

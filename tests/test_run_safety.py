@@ -95,3 +95,26 @@ def test_run_yaml_typos_and_types_are_named(tmp_path):
     config.write_text("attack:\n  attempts: many\n")
     with pytest.raises(ValueError, match=r"run.yaml:attack:attempts: expected an integer, got 'many'"):
         load_run_config(config, preset="smoke")
+
+
+def test_outputs_publish_together_or_not_at_all(tmp_path):
+    from lacuna_metrics.manifest import publish_together, write_json, write_text
+
+    out = tmp_path / "score"
+    out.mkdir()
+    (out / "score.json").write_text('{"old": true}')
+    (out / "notes.txt").write_text("the user's")
+    with pytest.raises(RuntimeError, match="plot failed"):
+        with publish_together(out) as staging:
+            write_text(staging / "score.md", "# new report")
+            raise RuntimeError("plot failed")
+    assert sorted(p.name for p in out.iterdir()) == ["notes.txt", "score.json"]  # no report beside the old JSON
+    assert (out / "score.json").read_text() == '{"old": true}'
+
+    with publish_together(out) as staging:
+        write_text(staging / "score.md", "# new report")
+        write_json(staging / "score.json", {"new": True})
+        write_text(staging / "plots" / "roc.txt", "curve")
+    assert sorted(p.name for p in out.iterdir()) == ["notes.txt", "plots", "score.json", "score.md"]
+    assert (out / "score.md").read_text() == "# new report" and (out / "plots" / "roc.txt").is_file()
+    assert '"new": true' in (out / "score.json").read_text()
