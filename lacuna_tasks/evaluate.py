@@ -7,8 +7,10 @@ sets (forgotten, resurfaced) without re-parsing lm-eval's output files.
 
 from __future__ import annotations
 
+import logging
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -41,22 +43,38 @@ def evaluate(
     meta = {"pretrained": str(path), **(metadata or {})}  # the memorization tasks tokenize with the model's tokenizer
     if data is not None:
         meta["lacuna_data"] = str(data)
-    out = lm_eval.simple_evaluate(
-        model="hf",
-        model_args={"pretrained": str(path), "dtype": dtype, "trust_remote_code": False},
-        tasks=list(tasks),
-        batch_size=batch_size,
-        device="cuda" if torch.cuda.is_available() else "cpu",
-        limit=limit,
-        log_samples=True,
-        task_manager=task_manager(meta),
-        metadata=meta,
-    )
+    with _quiet_lm_eval():
+        out = lm_eval.simple_evaluate(
+            model="hf",
+            model_args={"pretrained": str(path), "dtype": dtype, "trust_remote_code": False},
+            tasks=list(tasks),
+            batch_size=batch_size,
+            device="cuda" if torch.cuda.is_available() else "cpu",
+            limit=limit,
+            log_samples=True,
+            task_manager=task_manager(meta),
+            metadata=meta,
+        )
     results = {
         task: {key.split(",", 1)[0]: value for key, value in metrics.items() if "," in key and "stderr" not in key}
         for task, metrics in out["results"].items()
     }
     return {"results": results, "samples": out.get("samples", {}), "config": out.get("config", {})}
+
+
+@contextmanager
+def _quiet_lm_eval() -> Iterator[None]:
+    """lm-eval's warnings that say nothing to our callers (a "Custom kwargs can be passed to --metadata" notice
+    per task, since every LACUNA task has a custom loader) are dropped during our own calls; errors still show."""
+    loggers = [logging.getLogger(name) for name in ("lm_eval", "lm-eval")]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        for logger, level in zip(loggers, levels, strict=True):
+            logger.setLevel(level)
 
 
 def leaked_people(samples: Sequence[Mapping[str, Any]]) -> dict[str, bool]:
