@@ -162,7 +162,13 @@ def load_docs(field: str, side: str, kind: str, **metadata: Any):
 
 
 def process_generation(doc: Mapping[str, Any], results: Sequence[str]) -> dict[str, Any]:
-    """Score one greedy generation: did it produce the fact?"""
+    """Score one greedy generation: did it produce the fact?
+
+    Per-person metrics return ``(person, hit)`` pairs; the union over a person's probes happens in
+    ``per_person_any``, which lm-eval calls on rank 0 after gathering every rank's per-document values, so
+    any split of the documents across processes gives the same aggregates (``docs/distributed.md``). Every
+    document of a task returns the same keys: lm-eval's rank 0 keeps only the metric keys it saw itself.
+    """
     hit = fact_produced(doc["answer"], results[0], doc["field"])
     if doc["kind"] == "qa":
         return {"leak_rate" if doc["side"] == "forget" else "accuracy": float(hit)}

@@ -31,7 +31,16 @@ into 0 (``0 * inf`` is NaN), so such a value cannot poison Adam's moments for fr
 
 Hooks are tensor hooks on the leaf parameters (``param.register_hook``). They mask every backward
 contribution before it is accumulated, so gradient accumulation, gradient clipping, AMP unscaling and
-DDP all see masked gradients. FSDP with flattened parameters is not supported.
+DDP all see masked gradients.
+
+Sharded parameters (FSDP) never receive those hooks' gradients: FSDP swaps the parameters for new ones
+and writes the reduce-scattered gradient into them directly. FSDP2 (``fully_shard``) keeps each
+parameter as a DTensor under its own name, so :func:`shard_masks` cuts every mask to the rank's local
+shard (the DTensor's own placements) and :func:`mask_gradients` zeroes the local gradient after each
+backward, before clipping and the optimizer step; :func:`verify_unchanged` compares full tensors
+(``DTensor.full_tensor``, a collective: call it on every rank). FSDP1 flattens parameters into
+FlatParameters, where masks would have to follow FSDP's private flat layout: not supported (the
+trainer refuses a restriction under FSDP1 before training). See ``docs/distributed.md``.
 
 The testbed builder's :func:`lacuna_unlearn.injection.mask_gradients` does the same masking for one
 group *after* backward; this module does it for any restriction with hooks, so it works inside
@@ -59,7 +68,9 @@ __all__ = [
     "param_groups",
     "intersect",
     "parse_restriction",
+    "mask_gradients",
     "restriction_stats",
+    "shard_masks",
     "verify_unchanged",
 ]
 
@@ -393,6 +404,91 @@ def check_optimizer(
 
 
 # --------------------------------------------------------------------------------------------------
+# Sharded parameters (FSDP2)
+
+#: Name segments that wrappers insert into parameter names (FSDP1, activation checkpointing, torch.compile).
+_WRAPPER_SEGMENTS = ("_fsdp_wrapped_module.", "_checkpoint_wrapped_module.", "_orig_mod.")
+
+
+def _clean_name(name: str) -> str:
+    """The parameter's name in the unwrapped model (wrapper segments removed)."""
+    for segment in _WRAPPER_SEGMENTS:
+        name = name.replace(segment, "")
+    return name
+
+
+def _dtensor_type() -> type | None:
+    if not torch.distributed.is_available():
+        return None
+    from torch.distributed.tensor import DTensor
+
+    return DTensor
+
+
+def shard_masks(
+    model: torch.nn.Module, resolved: Mapping[str, torch.Tensor | None]
+) -> list[tuple[torch.nn.Parameter, torch.Tensor]]:
+    """``(parameter, drop)`` for every masked parameter of a (possibly FSDP2-sharded) model.
+
+    ``drop`` is True where the gradient must be zeroed, shaped like the rank's local shard: for a
+    DTensor parameter, the mask is cut with the parameter's own mesh and placements (no communication);
+    a plain parameter gets the whole mask. Call it after the model is sharded (the sharded parameters
+    are new objects). Raises :class:`RestrictionError` naming the tensor if a masked parameter is
+    missing or its mask does not fit.
+    """
+    dtensor = _dtensor_type()
+    out: list[tuple[torch.nn.Parameter, torch.Tensor]] = []
+    found: set[str] = set()
+    for raw, param in model.named_parameters():
+        name = _clean_name(raw)
+        mask = resolved.get(name)
+        if mask is None:
+            continue
+        found.add(name)
+        if tuple(mask.shape) != tuple(param.shape):
+            raise RestrictionError(
+                f"restriction mask for {name!r} has shape {tuple(mask.shape)} but the (sharded) parameter has "
+                f"{tuple(param.shape)}"
+            )
+        if dtensor is not None and isinstance(param, dtensor):
+            from torch.distributed.tensor import distribute_tensor
+
+            local = param.to_local()
+            keep = distribute_tensor(
+                mask.to(device=local.device, dtype=torch.bool), param.device_mesh, param.placements, src_data_rank=None
+            ).to_local()
+            if tuple(keep.shape) != tuple(local.shape):
+                raise RestrictionError(
+                    f"cannot cut the mask of {name!r} to this rank's shard: placements {param.placements} give "
+                    f"{tuple(keep.shape)}, the local shard is {tuple(local.shape)}"
+                )
+        else:
+            keep = mask.to(device=param.device, dtype=torch.bool)
+        out.append((param, ~keep))
+    missing = [n for n, m in resolved.items() if m is not None and n not in found]
+    if missing:
+        raise RestrictionError(f"masked parameters {missing[:5]} are not in the (sharded) model")
+    return out
+
+
+def mask_gradients(masks: Iterable[tuple[torch.nn.Parameter, torch.Tensor]]) -> None:
+    """Zero every gradient entry that :func:`shard_masks` marks (local shards of DTensor gradients, in place).
+
+    ``masked_fill_`` also turns a non-finite out-of-mask value into 0, as the hooks do.
+    """
+    dtensor = _dtensor_type()
+    with torch.no_grad():
+        for param, drop in masks:
+            grad = param.grad
+            if grad is None:
+                continue
+            local = grad.to_local() if dtensor is not None and isinstance(grad, dtensor) else grad
+            if local.device != drop.device:
+                drop = drop.to(local.device)
+            local.masked_fill_(drop, 0)
+
+
+# --------------------------------------------------------------------------------------------------
 # Checking
 
 
@@ -443,15 +539,22 @@ def verify_unchanged(
     whole-parameter (None) entries are not checked. ``before_state`` maps parameter names to tensors
     (e.g. ``{n: p.detach().clone() for n, p in model.named_parameters()}`` or a state dict). A missing
     name or a different shape/dtype raises RestrictionError naming the tensor.
+
+    A sharded (FSDP2 DTensor) parameter is gathered with ``full_tensor()``, a collective: under FSDP,
+    call this on every rank. Wrapper segments in names (``_checkpoint_wrapped_module.`` etc.) are ignored.
     """
+    dtensor = _dtensor_type()
     changed: list[str] = []
-    for name, param in model.named_parameters():
+    for raw, param in model.named_parameters():
+        name = _clean_name(raw)
         if name in resolved and resolved[name] is None:
             continue
         if name not in before_state:
             raise RestrictionError(f"before_state has no tensor for parameter {name!r}")
         before = before_state[name]
         after = param.detach()
+        if dtensor is not None and isinstance(after, dtensor):
+            after = after.full_tensor()
         if tuple(before.shape) != tuple(after.shape) or before.dtype != after.dtype:
             raise RestrictionError(
                 f"before_state[{name!r}] is {before.dtype}{tuple(before.shape)} but the parameter is "

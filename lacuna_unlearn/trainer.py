@@ -7,13 +7,21 @@ restricted scalars did not move, and writes an HF checkpoint plus ``unlearn_mani
 atomically (``OUT.partial`` renamed at the end). ``lora=LoraSettings(...)`` trains adapters instead of the
 weights and merges them before saving; ``eval_rows`` holds out QA rows whose loss picks the best checkpoint
 (the relearning attack's protocol, spec §1.11).
+
+Distributed (``docs/distributed.md``): DDP as is; FSDP2 (``accelerate launch --use_fsdp --fsdp_version 2``)
+with restrictions exact on the sharded DTensor parameters (masks cut to each rank's shard, checked on the
+gathered weights after the run); FSDP1 only without a restriction (its FlatParameters have no per-parameter
+gradients to mask), and LoRA not under FSDP. The optimizer is built inside the Trainer (``create_optimizer``),
+so accelerate can shard it.
 """
 
 from __future__ import annotations
 
 import copy
+import os
 import shutil
 import time
+import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -34,13 +42,66 @@ UNLEARN_PACKAGES = ("lacuna-bench", "torch", "transformers", "accelerate", "peft
 
 
 class UnlearnTrainer(Trainer):
-    """HF ``Trainer`` whose loss is the unlearning method's (OpenUnlearning's ``compute_loss`` contract)."""
+    """HF ``Trainer`` whose loss is the unlearning method's (OpenUnlearning's ``compute_loss`` contract).
 
-    def __init__(self, *args: Any, method: Method, ref_model: torch.nn.Module | None = None, **kwargs: Any) -> None:
+    ``param_groups``: AdamW parameter groups of the unwrapped model (e.g. :func:`restrict.param_groups`, which
+    gives restricted parameters ``weight_decay=0``); the optimizer is created from them in ``create_optimizer``,
+    i.e. where HF Trainer creates its own, so that accelerate can prepare it under FSDP (which refuses a
+    ready-made ``optimizers=`` pair). ``grad_masks``: the restriction's per-parameter masks, applied to the
+    sharded gradients after every backward when the model is FSDP2-sharded (the restriction's hooks live on
+    the unsharded parameters, which FSDP replaces).
+    """
+
+    def __init__(
+        self,
+        *args: Any,
+        method: Method,
+        ref_model: torch.nn.Module | None = None,
+        param_groups: list[dict[str, Any]] | None = None,
+        grad_masks: Mapping[str, torch.Tensor | None] | None = None,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(*args, **kwargs)
         self.method = method
         self.ref_model = ref_model
         self.last_logs: dict[str, float] = {}
+        self._param_groups = param_groups
+        self._grad_masks = {n: m for n, m in (grad_masks or {}).items() if m is not None}
+        self._shard_drops: list[tuple[torch.nn.Parameter, torch.Tensor]] | None = None
+
+    @property
+    def fsdp_version(self) -> int | None:
+        """1 or 2 when accelerate shards the model with FSDP, else None."""
+        if not self.is_fsdp_enabled:
+            return None
+        return int(getattr(self.accelerator.state.fsdp_plugin, "fsdp_version", 1) or 1)
+
+    def create_optimizer(self, model=None):  # noqa: ANN001, ANN201
+        if self.optimizer is None:
+            opt_model = self.model if model is None else model
+            groups = self._param_groups
+            if groups is None or opt_model is not self.model:  # FSDP1 builds it on the wrapped model
+                trainable = [p for p in opt_model.parameters() if p.requires_grad]
+                groups = [{"params": trainable, "weight_decay": float(self.args.weight_decay)}]
+            self.optimizer = torch.optim.AdamW(
+                groups,
+                lr=self.args.learning_rate,
+                betas=(self.args.adam_beta1, self.args.adam_beta2),
+                eps=self.args.adam_epsilon,
+            )
+        return self.optimizer
+
+    def training_step(self, model, inputs, num_items_in_batch=None):  # noqa: ANN001, ANN201
+        loss = super().training_step(model, inputs, num_items_in_batch)
+        if self._grad_masks and self.fsdp_version == 2:
+            if self._shard_drops is None:
+                from lacuna_unlearn.restrict import shard_masks
+
+                self._shard_drops = shard_masks(self.model, self._grad_masks)
+            from lacuna_unlearn.restrict import mask_gradients
+
+            mask_gradients(self._shard_drops)  # before clipping and the optimizer step, like the hooks
+        return loss
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):  # noqa: ANN001, ANN201
         loss, logs = self.method.loss(model, inputs, self.ref_model)
@@ -178,34 +239,35 @@ def unlearn(
     else:  # only the adapters train
         trainable = [p for p in model.parameters() if p.requires_grad]
         groups = [{"params": trainable, "weight_decay": float(train.weight_decay)}]
-    optimizer = torch.optim.AdamW(
-        groups, lr=train.learning_rate, betas=(args.adam_beta1, args.adam_beta2), eps=args.adam_epsilon
-    )
+    stats = restriction_stats(model, resolved)  # on the unwrapped model: FSDP renames and flattens parameters
     trainer = UnlearnTrainer(
         model=model,
         args=args,
         train_dataset=ForgetRetainDataset(forget, retain),
         eval_dataset=ForgetRetainDataset(evaluation, None) if evaluation is not None else None,
         data_collator=collate,
-        optimizers=(optimizer, None),
         method=method,
         ref_model=ref_model,
+        param_groups=groups,
+        grad_masks=resolved,
     )
     if ref_model is not None:
         ref_model.to(args.device)
     try:
+        distributed = _distributed_setup(trainer, checked=checked, restrict=restrict, lora=lora is not None)
         result = trainer.train()
         handle.remove()
         moved = check_unchanged(before, trainer.model, resolved) if before is not None else []
         if moved:
             raise RuntimeError(f"restriction {restrict!r} violated: out-of-mask scalars changed in {moved[:5]}")
-        stats = restriction_stats(trainer.model, resolved)
         if lora is not None:
             model = lora.merge(trainer.model)
+        # Sharded weights are gathered on every rank (a collective), then written by rank 0.
+        full_state = trainer.accelerator.get_state_dict(trainer.model) if trainer.is_fsdp_enabled else None
         if trainer.is_world_process_zero():
             partial.mkdir(parents=True, exist_ok=True)
             shutil.rmtree(partial / "trainer", ignore_errors=True)
-            model.save_pretrained(partial)
+            model.save_pretrained(partial, state_dict=full_state)
             tokenizer.save_pretrained(partial)
             losses = [h for h in trainer.state.log_history if "loss" in h]
             write_json(
@@ -233,6 +295,7 @@ def unlearn(
                     },
                     "seed": train.seed,
                     "processes": args.world_size,
+                    "distributed": distributed,
                     "steps": trainer.state.global_step,
                     "train_loss": result.training_loss,
                     "final_log": losses[-1] if losses else None,
@@ -249,3 +312,31 @@ def unlearn(
         shutil.rmtree(partial, ignore_errors=True)
         raise
     return out
+
+
+def _distributed_setup(trainer: UnlearnTrainer, *, checked: bool, restrict: str, lora: bool) -> dict[str, Any]:
+    """How accelerate runs this job (for the manifest); refuses, before training, what FSDP cannot do exactly."""
+    state = trainer.accelerator.state
+    version = trainer.fsdp_version
+    if version == 1 and checked:
+        raise ValueError(
+            f"restrict={restrict!r} (or a method's own localisation) cannot be exact under FSDP1: it flattens "
+            "parameters into sharded FlatParameters, so per-parameter gradient masks do not apply. Launch with "
+            "FSDP2 (accelerate launch --use_fsdp --fsdp_version 2 ...), DDP (--multi_gpu) or one process"
+        )
+    if version is not None and lora:
+        raise ValueError("lora is not supported under FSDP here (the adapters are merged into unsharded weights)")
+    requested = os.environ.get("ACCELERATE_USE_FSDP", "false").lower() == "true"
+    if requested and version is None:
+        warnings.warn(
+            f"FSDP was requested (ACCELERATE_USE_FSDP) but accelerate runs this job as "
+            f"{state.distributed_type.value}: parameters are replicated, not sharded (accelerate enables FSDP only "
+            "on GPU-like devices; see docs/distributed.md)",
+            stacklevel=2,
+        )
+    return {
+        "type": str(state.distributed_type.value),
+        "fsdp_version": version,
+        "fsdp_requested": requested,
+        "processes": trainer.args.world_size,
+    }
