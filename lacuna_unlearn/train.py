@@ -197,6 +197,14 @@ def main() -> None:
 
     import hydra
 
+    from lacuna_metrics.threads import configure_threads
+
+    try:
+        configure_threads()
+    except ValueError as exc:
+        print(f"lacuna-unlearn: error: {exc}", file=sys.stderr)
+        sys.exit(2)
+
     @hydra.main(config_path="configs", config_name="unlearn", version_base="1.3")
     def _app(cfg: Any) -> None:
         try:
