@@ -2,8 +2,8 @@
 
 torch sizes its intra-op pool from the cores it sees, and BLAS/OpenMP pools (numpy, sklearn) do the same, so two
 processes on a 2-core machine each run two threads and slow one another down. Every console entry point calls
-:func:`configure_threads` once, before any heavy import; manifests record the result. The default and the
-measurement behind it are in docs/threads.md (``python benchmarks/bench_threads.py``).
+:func:`configure_threads` once, before any heavy import. The default stays every core until
+``python benchmarks/bench_threads.py`` has been measured on an idle machine.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import sys
 
 __all__ = ["DEFAULT_THREADS", "configure_threads"]
 
-#: Threads when ``OMP_NUM_THREADS`` is unset: ``None`` = every core torch sees (see docs/threads.md).
+#: Threads when ``OMP_NUM_THREADS`` is unset: ``None`` = every core torch sees (not yet measured against 1).
 DEFAULT_THREADS: int | None = None
 
 
