@@ -41,7 +41,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from lacuna_metrics.auc import FORGET, OUTSIDE, RETAIN, TARGETS, StreamingAUC, qtile_values, roc_auc
+from lacuna_metrics.auc import FORGET, OUTSIDE, RETAIN, TARGETS, StreamingAUC, binned_roc, qtile_values, roc_auc
 from lacuna_metrics.checkpoints import Checkpoint, CheckpointError, Scratch, release_memory
 from lacuna_metrics.kernels import (
     TABLE_KEYS,
@@ -1003,6 +1003,7 @@ class Localization:
         release_memory()
         started = time.perf_counter()
         composite = self._composite()
+        composite_roc = composite.pop("roc", {}) if composite is not None else {}
         self.timings["composite_seconds"] = round(time.perf_counter() - started, 3)  # spec-fixed fits
         for target in TARGETS:
             auc[target], bounds[target], precision[target], roc[target] = {}, {}, {}, {}
@@ -1016,6 +1017,8 @@ class Localization:
                     auc[target][s] = None
             if composite is not None:
                 auc[target]["composite"] = composite["auc"].get(target)
+                if composite_roc.get(target) is not None:  # so the plots can draw the best score when it is this one
+                    roc[target]["composite"] = composite_roc[target]
             scored = {s: v for s, v in auc[target].items() if v is not None}
             best = max(scored, key=lambda s: scored[s]) if scored else None
             auc[target]["best"] = {"score": best, "value": scored[best] if best else None}
@@ -1106,7 +1109,21 @@ class Localization:
         probas = out_of_fold_proba(fitted, self.config.composite_folds, self.config.threads)
         aucs = {t: self._pool.submit(roc_auc, proba, problems[t][1]) for t, proba in probas.items()}  # sorts: no GIL
         out["auc"] = {t: 0.5 if t in constant else aucs[t].result() if t in aucs else None for t in TARGETS}
+        out["roc"] = {  # out-of-fold probabilities' ROC; a constant score is the diagonal
+            t: {"fpr": [0.0, 1.0], "tpr": [0.0, 1.0]}
+            if t in constant
+            else _sample_roc(probas[t], problems[t][1], self.config.roc_points)
+            for t in problems
+        }
         return out
+
+
+def _sample_roc(scores: np.ndarray, positive: np.ndarray, max_points: int) -> dict[str, list[float]]:
+    """ROC points of per-sample ``scores`` (ties grouped into one step), as :meth:`StreamingAUC.roc_curve` gives."""
+    _values, bins = np.unique(scores, return_inverse=True)
+    pos = np.bincount(bins.ravel(), weights=positive.astype(np.float64), minlength=_values.size)
+    neg = np.bincount(bins.ravel(), minlength=_values.size) - pos
+    return binned_roc(pos, neg, max_points)
 
 
 def composite_model() -> Any:

@@ -253,11 +253,16 @@ def _testbed_fingerprint(testbed: Path) -> str:
     return hashlib.sha256(manifest.read_bytes()).hexdigest()[:16]
 
 
-def _behaviour(results: Mapping[str, Mapping[str, float]], field: str) -> dict[str, float | None]:
+def _behaviour(results: Mapping[str, Mapping[str, float]], field: str, data: Path | None = None) -> dict[str, Any]:
+    """The run's behavioural metrics of one evaluation, and with ``data`` (the testbed's LACUNA splits) ``n``: per
+    metric, the persons behind it (the forget or retain people of ``field``; every task builds its documents from
+    their QA rows, several per person for the paraphrase and worst-case probes). lm-eval's ``n-samples`` counts
+    documents, not persons, so it is not used. ``n`` is None where the task did not run."""
+
     def get(task: str, metric: str) -> float | None:
         return results.get(f"lacuna_{field}_{task}", {}).get(metric)
 
-    return {
+    out: dict[str, Any] = {
         "forget_leak": get("forget_qa", "leak_rate"),
         "retain_accuracy": get("retain_qa", "accuracy"),
         "j_w": get("forget_worstcase", "j_w"),
@@ -268,6 +273,19 @@ def _behaviour(results: Mapping[str, Mapping[str, float]], field: str) -> dict[s
         "es": get("forget_memorization", "es"),
         "prob": get("forget_memorization", "prob"),
     }
+    if data is not None:
+        from lacuna_tasks.loader import load_data
+
+        loaded = load_data(data)  # cached per path: one read per run
+        persons: dict[str, int] = {}  # side: distinct people of the field in that split
+        n: dict[str, int | None] = {}
+        for metric, value in list(out.items()):
+            side = "retain" if metric.startswith("retain") else "forget"
+            if value is not None and side not in persons:
+                persons[side] = len({row["ID"] for row in loaded.rows(side, field)})
+            n[metric] = None if value is None else persons[side]
+        out["n"] = n
+    return out
 
 
 def _eval_stage(stages: _Stages, label: str, model: Path, key: Mapping[str, Any], tasks: list[str], data: Path, cfg):
@@ -338,7 +356,7 @@ def _run_locked(out: Path, cfg: dict[str, Any], log: Callable[[str], None]) -> d
         suffixes = cfg["eval"].get("tasks")
         group = [f"lacuna_{field}_{t}" for t in suffixes] if suffixes else [f"lacuna_{field}"]
         base_eval = _eval_stage(stages, f"[{field}] evaluate before", before, {"testbed": tb_key}, group, data, cfg)
-        field_out: dict[str, Any] = {"baseline": {"behaviour": _behaviour(base_eval, field)}, "methods": {}}
+        field_out: dict[str, Any] = {"baseline": {"behaviour": _behaviour(base_eval, field, data)}, "methods": {}}
         for name, extra in cfg["methods"].items():
             extra = list(extra or [])
             overrides = [f"method={name}", f"testbed={testbed}", f"field={field}", f"seed={seed}", *extra]
@@ -360,7 +378,9 @@ def _run_locked(out: Path, cfg: dict[str, Any], log: Callable[[str], None]) -> d
             manifest = json.loads((model / "unlearn_manifest.json").read_text())
             entry["unlearn_seconds"] = manifest.get("wall_seconds")
             entry["behaviour"] = _behaviour(
-                _eval_stage(stages, f"[{field}] evaluate {name}", model, {"model": u_key}, group, data, cfg), field
+                _eval_stage(stages, f"[{field}] evaluate {name}", model, {"model": u_key}, group, data, cfg),
+                field,
+                data,
             )
             if cfg["score"]["enabled"]:
                 scfg = cfg["score"]
@@ -435,6 +455,7 @@ def _run_locked(out: Path, cfg: dict[str, Any], log: Callable[[str], None]) -> d
                         cfg,
                     ),  # fmt: skip
                     field,
+                    data,
                 )
                 entry["relearned_behaviour"] = {
                     "forget_leak": rel["forget_leak"],

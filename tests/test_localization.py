@@ -663,6 +663,16 @@ def test_composite_features_follow_available_inputs(tmp_path):
         assert res["composite"]["auc"][target] == pytest.approx(ref_composite(ref, target), abs=1e-9)
 
 
+def test_composite_roc_curve_is_stored_for_the_plots(small_bench):
+    """roc.png draws the best score's curve; the composite is often the best, so its out-of-fold ROC is stored."""
+    res = small_bench.run(LocalizationConfig(composite_samples=10**7), control=False, crossfield=())
+    assert "roc" not in res["composite"]  # moved next to the single scores' curves
+    for target in TARGET_CLASSES:
+        curve = res["roc"][target]["composite"]
+        area = float(np.trapezoid(curve["tpr"], curve["fpr"]))
+        assert area == pytest.approx(res["auc"][target]["composite"], abs=0.02), target  # thinned to roc_points
+
+
 def test_composite_subsample_on_planted_perfect(planted_root):
     bench = make_bench(planted_root / "perfect_comp", seed=3, shapes=BIG, delta=_planted("perfect"))
     res = bench.run(LocalizationConfig(composite_samples=20_000))

@@ -6,7 +6,15 @@ import json
 
 import pytest
 
-from lacuna_unlearn.run import load_run_config, run_benchmark
+from lacuna_unlearn.run import PRESETS, load_run_config, run_benchmark
+
+#: Cheap settings per method: the preset's own overrides, then fewer steps (training-free editors get fewer
+#: value-optimisation steps instead).
+_CHEAP = {"alpha_edit": ["method.args.v_num_grad_steps=5"], "frp": []}
+
+
+def _cheap(name: str, extra: list[str]) -> list[str]:
+    return [*extra, *_CHEAP.get(name, ["trainer.args.max_steps=3"])]
 
 
 def _config(testbed):
@@ -14,12 +22,41 @@ def _config(testbed):
         preset="smoke",
         overrides={
             "testbed": str(testbed),
-            "methods": {"grad_diff": ["trainer.args.max_steps=3"], "oracle_grad": ["trainer.args.max_steps=3"]},
+            "methods": {name: _cheap(name, PRESETS["smoke"]["methods"][name]) for name in ("grad_diff", "oracle_grad")},
             "score.composite_samples": 0,
             "attack.attempts": 2,
             "attack.overrides": ["trainer.args.max_steps=2", "eval_fraction=0"],
         },
     )
+
+
+def test_every_preset_runs_the_same_method_list():
+    """The test below runs the smoke preset's full method list; mini's is the same list with the same
+    overrides (it differs only in the shared schedule, which the tests replace by a few steps)."""
+    assert PRESETS["smoke"]["methods"] == PRESETS["mini"]["methods"]
+    assert set(PRESETS) == {"mini", "smoke"}
+
+
+def test_every_default_method_runs_unlearn_evaluate_and_score(smoke_testbed, tmp_path):
+    """The preset's full default list (reduced steps) through unlearning, evaluation and scoring; the attack stage
+    is the same fine-tune for every method and runs in the end-to-end test below."""
+    cfg = load_run_config(
+        preset="smoke",
+        overrides={
+            "testbed": str(smoke_testbed),
+            "methods": {name: _cheap(name, extra) for name, extra in PRESETS["smoke"]["methods"].items()},
+            "eval.tasks": ["forget_qa"],
+            "score.composite_samples": 0,
+            "score.frag": False,
+            "attack.enabled": False,
+        },
+    )
+    results = run_benchmark(tmp_path / "run", cfg, log=lambda line: None)
+    assert list(results["methods"]) == list(PRESETS["smoke"]["methods"]) and len(results["methods"]) == 9
+    for name, method in results["methods"].items():
+        assert method["behaviour"]["forget_leak"] is not None, name
+        assert 0.0 <= method["auc"]["forget"]["best"]["value"] <= 1.0, name
+        assert method["checkpoint"]["fingerprint"] == method["score_checkpoint"]["fingerprint"], name
 
 
 def test_run_writes_schema_report_and_plots_then_caches(smoke_testbed, tmp_path):

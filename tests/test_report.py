@@ -1,0 +1,293 @@
+"""The human views of a run (report.md, plots/*.png) and of a score (roc.png, layers.png), from hand-built
+results: persons beside every rate, one legend line per column, the regime footnote, every field of a multi-field
+run, readable plot sizes, and the best score's ROC curve. No model is trained here."""
+
+from __future__ import annotations
+
+import copy
+import re
+
+import numpy as np
+import pytest
+from matplotlib.image import imread
+
+from lacuna_metrics.report import (
+    _axis_ranges,
+    disagrees,
+    markdown_summary,
+    roc_series,
+    run_markdown,
+    write_plots,
+    write_run_report,
+)
+
+TARGETS = ("forget", "unified", "forget_vs_retain")
+
+
+def _behaviour(leak, retain, *, forget_n=6, retain_n=5, j_w=None):
+    values = {"forget_leak": leak, "retain_accuracy": retain, "j_w": j_w, "em": 0.5, "es": 0.25, "prob": 0.125}
+    n = {k: None if v is None else (retain_n if k.startswith("retain") else forget_n) for k, v in values.items()}
+    return {**values, "n": n}
+
+
+def _per_layer(forget_mass, skip=()):
+    rows = []
+    for layer in range(3):
+        for component in ("attention", "mlp"):
+            none = (layer, component) in skip
+            rows.append(
+                {
+                    "layer": layer,
+                    "component": component,
+                    "update_mass": {
+                        "forget": None if none else forget_mass,
+                        "retain": None if none else 1 - forget_mass,
+                        "outside": None if none else 0.0,
+                    },
+                    "auc": {t: 0.5 if none else 0.55 for t in TARGETS},
+                }
+            )
+    return rows
+
+
+def _method(auc_f, leak, rel_leak, retain, rel_retain, success, regime, reversible, *, skip=()):
+    return {
+        "behaviour": _behaviour(leak, retain, j_w=leak),
+        "relearned_behaviour": {"forget_leak": rel_leak, "retain_accuracy": rel_retain},
+        "auc": {t: {"best": {"score": "composite", "value": auc_f}, "raw": 0.5} for t in TARGETS},
+        "frag": 0.01,
+        "per_layer": _per_layer(0.48 if auc_f < 0.9 else 1.0, skip),
+        "attack": {
+            "protocol": "relearn",
+            "attempts": 200,
+            "persons": 6,
+            "success_at_n_unlearned": success[0],
+            "success_at_n_relearned": success[1],
+        },
+        "regime": {
+            "regime": regime,
+            "reversible": reversible,
+            "recovery_ratio": None if reversible is None else float(reversible),
+            "thresholds": {"tau_rev": 0.5, "tau_cat": 0.2, "relative": False},
+        },
+    }
+
+
+def _run(fields=("email",)):
+    """The shape of a ``lacuna run`` results.json: a suppressing method ("irreversible" by the QA leak while the
+    extraction probe still finds everything), an eraser (zero bars), an oracle far above the others."""
+    methods = {
+        "grad_diff": _method(
+            0.54, 0.0, 0.0, 1.0, 0.4, (1.0, 1.0), "irreversible_noncatastrophic", False, skip={(2, "mlp")}
+        ),
+        "memflex": _method(0.541, 0.0, 0.0, 1.0, 1.0, (0.0, 0.0), "irreversible_noncatastrophic", False),
+        "oracle_grad": _method(1.0, 1.0, 1.0, 1.0, 1.0, (1.0, 1.0), "no_forgetting", None),
+    }
+    by_field = {f: {"baseline": {"behaviour": _behaviour(1.0, 1.0)}, "methods": copy.deepcopy(methods)} for f in fields}
+    first = by_field[fields[0]]
+    trivial = {t: {"before_magnitude": 0.51, "injection_magnitude": 0.517} for t in TARGETS}
+    return {
+        "schema": {"name": "lacuna-bench/run", "version": 1},
+        "preset": "smoke",
+        "field": fields[0],
+        "baseline": {**first["baseline"], "auc": trivial},
+        "methods": first["methods"],
+        "by_field": by_field,
+        "manifest": {"wall_seconds": 12.0},
+    }
+
+
+def _row(report: str, name: str) -> list[str]:
+    line = next(line for line in report.splitlines() if line.startswith(f"| {name} |"))
+    return [cell.strip() for cell in line.strip("|").split("|")]
+
+
+def _header(report: str) -> list[str]:
+    line = next(line for line in report.splitlines() if line.startswith("| method |"))
+    return [cell.strip() for cell in line.strip("|").split("|")]
+
+
+def test_every_rate_carries_its_persons():
+    report = run_markdown(_run())
+    header = _header(report)
+    cells = dict(zip(header, _row(report, "grad_diff"), strict=True))
+    assert cells["forget leak: unlearned → relearned"] == "0.00 → 0.00 (n=6)"
+    assert cells["retain acc: unlearned → relearned"] == "1.00 → 0.40 (n=5)"  # relearned retain acc in the table
+    assert cells["J_W"] == "0.00 (n=6)"
+    assert cells["Success@200: unlearned → relearned"] == "1.00 → 1.00 (n=6)"
+    assert cells["forget EM / ES / Prob"] == "0.50 / 0.25 / 0.12 (n=6)"
+    base = dict(zip(header, _row(report, "before unlearning"), strict=True))
+    assert base["forget leak: unlearned → relearned"] == "1.00 (n=6)"
+    assert base["retain acc: unlearned → relearned"] == "1.00 (n=5)"
+    # every rate cell of every method row names its n
+    for name in ("grad_diff", "memflex", "oracle_grad"):
+        row = dict(zip(header, _row(report, name), strict=True))
+        for column in header[1:5] + [header[9]]:
+            assert re.search(r"\(n=\d+\)$", row[column]), (name, column, row[column])
+
+
+def test_intervals_are_shown_where_the_results_carry_them():
+    results = _run()
+    beh = results["methods"]["grad_diff"]["behaviour"]
+    beh["ci"] = {"forget_leak": [0.0, 0.39]}
+    results["methods"]["grad_diff"]["attack"]["ci"] = {"success_at_n_relearned": [0.61, 1.0]}
+    cells = dict(zip(_header(run_markdown(results)), _row(run_markdown(results), "grad_diff"), strict=True))
+    assert cells["forget leak: unlearned → relearned"] == "0.00 [0.00, 0.39] → 0.00 (n=6)"
+    assert cells["Success@200: unlearned → relearned"] == "1.00 → 1.00 [0.61, 1.00] (n=6)"
+
+
+def test_legend_has_one_line_per_column():
+    report = run_markdown(_run())
+    legend = report.split("## Reading this table", 1)[1]
+    items = [line for line in legend.splitlines() if line.startswith("- **")]
+    for term in ("n", "forget EM / ES / Prob", "forget leak", "retain acc", "J_W", "AUC(F) / AUC(F-R) / AUC(F vs R)",
+                 "trivial detector", "FRAG", "Success@N", "regime"):  # fmt: skip
+        assert sum(line.startswith(f"- **{term}**") for line in items) == 1, term
+    assert not [line for line in legend.splitlines() if line.startswith("  ")]  # no continuation lines
+    assert "tau_rev = 0.5" in legend and "tau_cat = 0.2" in legend
+
+
+def test_regime_footnote_only_where_it_contradicts_success_at_n():
+    results = _run()
+    report = run_markdown(results)
+    assert _row(report, "grad_diff")[-1] == "irreversible_noncatastrophic (ρ=0.00) †"
+    assert "†" not in _row(report, "memflex")[-1] and "†" not in _row(report, "oracle_grad")[-1]
+    footnote = next(line for line in report.splitlines() if line.startswith("† "))
+    assert "QA forget leak" in footnote and "extraction probe" in footnote and "tau_rev = 0.5" in footnote
+    assert disagrees(results["methods"]["grad_diff"]) and not disagrees(results["methods"]["memflex"])
+    reversible = _method(0.5, 0.0, 1.0, 1.0, 1.0, (0.0, 0.0), "reversible_noncatastrophic", True)
+    assert disagrees(reversible)  # reversible by the QA leak, nothing extractable by the probe
+    del results["by_field"]["email"]["methods"]["grad_diff"]  # results["methods"] is the same dict
+    assert "† " not in run_markdown(results)
+
+
+def test_every_field_of_a_multi_field_run_is_reported(tmp_path):
+    results = _run(("email", "phone"))
+    results["by_field"]["phone"]["methods"]["grad_diff"]["behaviour"]["forget_leak"] = 0.5
+    report = run_markdown(results)
+    assert report.startswith("# lacuna run: smoke testbed, fields `email`, `phone`")
+    email, phone = report.split("## Field `email`", 1)[1].split("## Field `phone`", 1)
+    assert "| grad_diff | 0.50 / 0.25 / 0.12 (n=6) | 0.00 → 0.00 (n=6)" in email
+    assert "| grad_diff | 0.50 / 0.25 / 0.12 (n=6) | 0.50 → 0.00 (n=6)" in phone
+    names = {p.name for p in write_run_report(tmp_path, results)}
+    assert names == {"report.md", "auc.png", "layers.png", "relearning.png"} | {
+        "auc-phone.png", "layers-phone.png", "relearning-phone.png"
+    }  # fmt: skip
+
+
+def test_older_results_without_by_field_still_render():
+    results = _run()
+    del results["by_field"]
+    for block in (results["baseline"]["behaviour"], *(m["behaviour"] for m in results["methods"].values())):
+        del block["n"]  # written before persons were counted
+    report = run_markdown(results)
+    cells = dict(zip(_header(report), _row(report, "grad_diff"), strict=True))
+    assert cells["forget leak: unlearned → relearned"] == "0.00 → 0.00"  # no persons recorded, none shown
+    assert cells["Success@200: unlearned → relearned"] == "1.00 → 1.00 (n=6)"  # the attack always recorded them
+
+
+def test_run_plots_are_written_at_readable_sizes(tmp_path):
+    paths = {p.name: p for p in write_run_report(tmp_path, _run())}
+    assert set(paths) == {"report.md", "auc.png", "layers.png", "relearning.png"}
+    assert (tmp_path / "report.md").read_text() == run_markdown(_run())
+    for name in ("auc.png", "layers.png", "relearning.png"):
+        height, width = imread(paths[name]).shape[:2]
+        assert height >= 400 and width >= 700, (name, height, width)
+    # layers.png: one row per method, not a thin strip
+    height, width = imread(paths["layers.png"]).shape[:2]
+    assert width / height < 4, (height, width)
+
+
+def test_auc_axis_zooms_to_the_data_and_breaks_for_an_outlier():
+    (one,) = _axis_ranges([0.5, 0.54, 0.541, 0.478, 0.51])
+    assert 0.45 < one[0] < 0.478 and 0.542 < one[1] < 0.6  # zoomed around 0.5, not from 0
+    upper, lower = _axis_ranges([0.5, 0.54, 0.541, 0.478, 0.51, 1.0])
+    assert lower[0] < 0.478 and lower[1] < 0.6 and upper[0] < 1.0 < upper[1] and upper[0] > 0.9
+
+
+def _score(best: str = "composite", with_best_curve: bool = True):
+    curve = {"fpr": [0.0, 0.5, 1.0], "tpr": [0.0, 0.6, 1.0]}
+    auc, roc = {}, {}
+    for t in TARGETS:
+        auc[t] = {"raw": 0.52, "qtile": 0.55, "reversal": 0.51, "signrev": 0.5, "layernorm": 0.53, "composite": 0.6}
+        auc[t]["best"] = {"score": best, "value": auc[t][best]}
+        roc[t] = {s: curve for s in ("raw", "qtile", "reversal", "signrev", "layernorm", "before_magnitude")}
+        if with_best_curve:
+            roc[t]["composite"] = curve
+    return {
+        "auc": auc,
+        "roc": roc,
+        "baselines": {t: {"before_magnitude": 0.51, "injection_magnitude": None} for t in TARGETS},
+        "per_layer": [
+            {"layer": r["layer"], "component": r["component"], "update_mass": r["update_mass"], "auc": r["auc"]}
+            for r in _per_layer(0.47, skip={(0, "attention")})
+        ],
+        "localization_settings": {"per_layer_score": "qtile"},
+    }
+
+
+def test_roc_draws_the_best_curve_first(tmp_path):
+    series = roc_series(_score(), "forget", top=3)
+    assert [(s["kind"], s["score"]) for s in series] == [
+        ("best", "composite"), ("score", "qtile"), ("score", "layernorm"), ("score", "raw"),
+        ("baseline", "before_magnitude"),
+    ]  # fmt: skip
+    assert series[0]["curve"] is not None and series[0]["label"] == "best: composite (0.600)"
+    # a score JSON from before composite curves were stored: the best still leads the legend, marked
+    missing = roc_series(_score(with_best_curve=False), "forget")[0]
+    assert missing["curve"] is None and missing["label"] == "best: composite (0.600; curve not stored)"
+    # the best is a stored single score: drawn once, as the best
+    qtile = roc_series(_score(best="qtile"), "unified")
+    assert [s["score"] for s in qtile].count("qtile") == 1 and qtile[0]["score"] == "qtile"
+    paths = {p.name: p for p in write_plots(_score(), tmp_path)}
+    assert set(paths) == {"roc.png", "layers.png"}
+    for path in paths.values():
+        height, width = imread(path).shape[:2]
+        assert height >= 300 and width >= 600
+
+
+def test_sample_roc_area_is_the_auc():
+    from sklearn.metrics import roc_auc_score
+
+    from lacuna_metrics.localization import _sample_roc
+
+    rng = np.random.default_rng(0)
+    y = rng.random(3000) < 0.3
+    scores = np.round(rng.normal(size=3000) + 0.7 * y, 1)  # ties
+    curve = _sample_roc(scores, y, max_points=10_000)
+    area = np.trapezoid(curve["tpr"], curve["fpr"])
+    assert area == pytest.approx(roc_auc_score(y, scores), abs=1e-5)
+    assert curve["fpr"][0] == curve["tpr"][0] == 0.0 and curve["fpr"][-1] == curve["tpr"][-1] == 1.0
+
+
+def test_score_markdown_still_renders():
+    result = _score()
+    result.update(
+        manifest={"inputs": {"after": {"path": "a"}, "before": {"path": "b"}}},
+        auc_error_bound={t: {} for t in TARGETS},
+        not_applicable={},
+        universe={"tensors": 1, "scalars": 10, "forget": 2, "retain": 2, "outside": 6},
+    )
+    assert "| best | **composite** 0.6000" in markdown_summary(result)
+
+
+def test_behaviour_counts_the_fields_persons(tmp_path):
+    from lacuna_tasks.generate import build_splits, generate_profiles, write_dataset
+    from lacuna_tasks.loader import load_data
+    from lacuna_unlearn.run import _behaviour
+
+    profiles = generate_profiles(48, seed=7)
+    data = write_dataset(tmp_path / "data", profiles, build_splits(profiles, seed=7, people_per_field=5))
+    loaded = load_data(data)
+    forget = len({r["ID"] for r in loaded.rows("forget", "phone")})
+    retain = len({r["ID"] for r in loaded.rows("retain", "phone")})
+    results = {
+        "lacuna_phone_forget_qa": {"leak_rate": 0.2},
+        "lacuna_phone_retain_qa": {"accuracy": 1.0},
+        "lacuna_phone_forget_memorization": {"em": 0.5, "es": 0.5, "prob": 0.3},
+    }
+    got = _behaviour(results, "phone", data)
+    assert got["forget_leak"] == 0.2 and forget == 5
+    assert got["n"]["forget_leak"] == got["n"]["em"] == forget and got["n"]["retain_accuracy"] == retain
+    assert got["n"]["j_w"] is None and got["n"]["retain_j_avg"] is None  # tasks that did not run
+    assert "n" not in _behaviour(results, "phone")  # no data: no counts (the old shape)
