@@ -1,10 +1,16 @@
-"""Per-channel input activation norms x_j of the scored linear layers (FRAG, spec §3.2).
+"""Per-channel input activation norms x_j of the scored projections (FRAG, spec §3.2).
 
 FRAG weighs each weight W_ij by how much its input channel j fires on forget text versus retain text.
 That needs one vector per scored layer: the L2 norm of channel j over the tokens of one calibration
 sequence, averaged over sequences, measured on the ORIGINAL model. Computing it costs two passes of
 128 sequences through a possibly 7B model, so :func:`activation_stats` caches the vectors on disk,
 keyed by a content fingerprint of the model files, the texts and the settings.
+
+Which weights are scored comes from :mod:`lacuna_metrics.anatomy` (every projection of every block by default:
+separate or fused q/k/v, fused gate/up, GPT-2 ``Conv1D``, MoE experts stored as modules or as fused 3-D
+parameters). A fused ``[num_experts, d_out, d_in]`` parameter gets one vector per expert (``[num_experts, d_in]``),
+measured on the tokens routed to that expert; see ``docs/anatomy.md`` ("FRAG"). :func:`activation_stats` keys the
+vectors by the checkpoint's tensor names and reports what share of the block weights they cover.
 
 Spec: ``../shared/spec/papers.md`` §3.2 (x_j), §3.3 (which layers are scored).
 """
@@ -16,6 +22,7 @@ import gc
 import hashlib
 import json
 import os
+import re
 import warnings
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -24,31 +31,48 @@ from typing import Any
 
 import torch
 
+from lacuna_metrics.anatomy import Anatomy, Weight, checkpoint_anatomy, classify_name, layer_of, model_anatomy
 from lacuna_metrics.checkpoints import Checkpoint
 from lacuna_metrics.manifest import save_tensors
 
 __all__ = [
     "ALL_PROJECTIONS",
+    "DEFAULT_MIN_COVERAGE",
     "FORMAT_VERSION",
+    "FRAG_TARGETS",
     "MLP_PROJECTIONS",
     "TARGETS",
     "ActivationStats",
+    "NormTable",
     "activation_stats",
     "calibration_texts",
+    "check_target",
     "collect_input_norms",
+    "coverage_verdict",
     "eval_mode",
+    "frag_preflight",
+    "frag_weights",
     "linear_weight_names",
     "model_device",
     "transposed_weight_names",
 ]
 
-#: Bumped whenever the cached vectors would change for the same inputs.
-FORMAT_VERSION = 1
-#: ``--target all`` of the FRAG code: the seven projections of every transformer block.
+#: Bumped whenever the cached vectors would change for the same inputs. 2: every block projection (anatomy),
+#: per-expert vectors of fused experts, checkpoint tensor names, coverage in the metadata.
+FORMAT_VERSION = 2
+#: The seven projections of a Llama-style block: what ``all`` selects there (spec §3.3).
 ALL_PROJECTIONS: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
-#: ``--target mlp`` (FRP's scope).
+#: What ``mlp`` (FRP's scope) selects in a Llama-style block.
 MLP_PROJECTIONS: tuple[str, ...] = ("gate_proj", "up_proj", "down_proj")
+#: FRAG targets: ``all``: every projection of every block (attention, MLP, experts, routers); ``attention``;
+#: ``mlp``: MLP and expert projections; ``expert``: MoE experts only; ``linear``: every ``nn.Linear`` / ``Conv1D``
+#: except ``lm_head`` and embeddings. Also ``regex:PATTERN``: the projections whose tensor name ``re.search``
+#: matches (checkpoint names in :func:`activation_stats`, parameter names elsewhere). See docs/anatomy.md.
+FRAG_TARGETS: tuple[str, ...] = ("all", "attention", "mlp", "expert", "linear")
+#: The targets of the FRAG code (spec §3.3), which FRP also accepts.
 TARGETS: tuple[str, ...] = ("all", "mlp", "linear")
+#: Below this share of the block weights, FRAG's result carries a coverage warning.
+DEFAULT_MIN_COVERAGE = 0.9
 
 _TOKENIZER_FILES = (
     "tokenizer.json",
@@ -70,11 +94,28 @@ def _conv1d_type() -> type | None:
     return Conv1D
 
 
-def _scored_modules(model: torch.nn.Module, target: str) -> dict[str, torch.nn.Module]:
-    if target not in TARGETS:
-        raise ValueError(f"unknown target {target!r}; expected one of {list(TARGETS)}")
+def check_target(target: str) -> str:
+    """Validate a FRAG target (see :data:`FRAG_TARGETS`); ValueError naming it otherwise."""
+    if not isinstance(target, str):
+        raise ValueError(f"unknown target {target!r}; expected one of {list(FRAG_TARGETS)} or regex:PATTERN")
+    if target.startswith("regex:"):
+        try:
+            re.compile(target.removeprefix("regex:"))
+        except re.error as exc:
+            raise ValueError(f"target {target!r}: invalid regular expression: {exc}") from None
+        return target
+    if target not in FRAG_TARGETS:
+        raise ValueError(f"unknown target {target!r}; expected one of {list(FRAG_TARGETS)} or regex:PATTERN")
+    return target
+
+
+def _is_linear(module: torch.nn.Module, conv1d: type | None) -> bool:
+    return isinstance(module, torch.nn.Linear) or (conv1d is not None and isinstance(module, conv1d))
+
+
+def _linear_target(model: torch.nn.Module) -> list[Weight]:
+    """``target='linear'``: every nn.Linear / Conv1D with a 2-D weight except embeddings and ``lm_head``."""
     conv1d = _conv1d_type()
-    kinds: tuple[type, ...] = (torch.nn.Linear,) if conv1d is None else (torch.nn.Linear, conv1d)
     excluded: set[int] = set()
     for getter in ("get_output_embeddings", "get_input_embeddings"):
         fn = getattr(model, getter, None)
@@ -84,50 +125,103 @@ def _scored_modules(model: torch.nn.Module, target: str) -> dict[str, torch.nn.M
             weight = getattr(module, "weight", None)
             if isinstance(weight, torch.Tensor):
                 excluded.add(id(weight))
-    wanted = ALL_PROJECTIONS if target == "all" else MLP_PROJECTIONS
-    found: dict[str, torch.nn.Module] = {}
+    found: list[Weight] = []
     for name, module in model.named_modules():
-        if not isinstance(module, kinds):
-            continue
         weight = getattr(module, "weight", None)
-        if not isinstance(weight, torch.Tensor) or weight.dim() != 2:
+        if not _is_linear(module, conv1d) or not isinstance(weight, torch.Tensor) or weight.dim() != 2:
             continue
-        if target == "linear":
-            leaf = name.rsplit(".", 1)[-1]
-            if id(module) in excluded or id(weight) in excluded or leaf == "lm_head" or "embed" in name:
-                continue
-        elif name.rsplit(".", 1)[-1] not in wanted:
+        leaf = name.rsplit(".", 1)[-1]
+        if id(module) in excluded or id(weight) in excluded or leaf == "lm_head" or "embed" in name:
             continue
-        found[name] = module
-    if not found:
-        if target in ("all", "mlp"):
-            raise ValueError(
-                f"target={target!r} found no linear modules named {list(wanted)} in "
-                f"{type(model).__name__}; for other architectures use target='linear'"
+        named = classify_name(f"{name}.weight")
+        found.append(
+            Weight(
+                name=f"{name}.weight",
+                layer=layer_of(f"{name}.weight"),
+                component=named.component if named else "other",
+                role=named.role if named else leaf,
+                shape=tuple(weight.shape),
+                transposed=conv1d is not None and isinstance(module, conv1d),
+                module=name,
+                hook="linear",
             )
-        raise ValueError(f"target='linear' found no nn.Linear / Conv1D modules in {type(model).__name__}")
+        )
     return found
 
 
-def linear_weight_names(model: torch.nn.Module, target: str = "all") -> dict[str, str]:
-    """Map each scored module name to its weight's parameter name (``<module>.weight``), in model order.
+def _can_compute_mid(module: torch.nn.Module) -> bool:
+    """Whether a fused experts module exposes what :func:`_expert_mid` needs to rebuild the down input."""
+    params = dict(module.named_parameters(recurse=False))
+    has_up = "gate_up_proj" in params or "up_proj" in params
+    return has_up and callable(getattr(module, "act_fn", None))
 
-    ``all``: the seven q/k/v/o/gate/up/down projections (spec §3.3); ``mlp``: gate/up/down; ``linear``: every
-    ``nn.Linear`` and transformers ``Conv1D`` except ``lm_head`` and embeddings, for other architectures.
-    Raises ValueError when nothing matches (with ``all`` this suggests ``target='linear'``).
+
+def _frag_plan(model: torch.nn.Module, target: str) -> tuple[list[Weight], dict[str, str]]:
+    """The weights to measure for ``target`` and the block weights left out (name -> reason)."""
+    check_target(target)
+    if target == "linear":
+        return _linear_target(model), {}
+    anatomy = model_anatomy(model)
+    chosen: list[Weight] = []
+    skipped: dict[str, str] = {}
+    modules = dict(model.named_modules())
+    for weight in anatomy.select(target):
+        if (
+            weight.hook == "experts"
+            and weight.role in ("down", "fc_out")
+            and not _can_compute_mid(modules[weight.module])
+        ):
+            skipped[weight.name] = "fused experts module without gate_up_proj/up_proj and act_fn (input not computable)"
+        elif weight.hook in ("linear", "experts"):
+            chosen.append(weight)
+        else:
+            skipped[weight.name] = "no module whose input can be observed"
+    return chosen, skipped
+
+
+def frag_weights(model: torch.nn.Module, target: str = "all") -> list[Weight]:
+    """The weights FRAG scores in a loaded ``model`` for ``target``, in model order (see :data:`FRAG_TARGETS`).
+
+    Raises ValueError when the target is unknown, the model's blocks cannot be found
+    (:func:`lacuna_metrics.anatomy.model_anatomy`) or the target selects nothing.
     """
-    return {name: f"{name}.weight" for name in _scored_modules(model, target)}
+    chosen, _ = _frag_plan(model, target)
+    if not chosen:
+        who = type(model).__name__
+        if target == "linear":
+            raise ValueError(f"target='linear' found no nn.Linear / Conv1D modules in {who}")
+        raise ValueError(f"target={target!r} matches no projection weight of {who} ({model_anatomy(model).summary()})")
+    return chosen
+
+
+def linear_weight_names(model: torch.nn.Module, target: str = "all") -> dict[str, str]:
+    """Map each scored ``nn.Linear`` / ``Conv1D`` module to its weight's parameter name, in model order.
+
+    ``all``: every linear projection of every block (the seven q/k/v/o/gate/up/down on Llama-style models,
+    spec §3.3; fused ``qkv`` / ``gate_up``, GPT-2 ``Conv1D``, per-expert modules elsewhere); ``attention``;
+    ``mlp``: MLP and expert projections; ``linear``: every ``nn.Linear`` and transformers ``Conv1D`` except
+    ``lm_head`` and embeddings. Fused 3-D expert parameters and non-linear router modules are not modules with a
+    2-D weight and are left out here (:func:`frag_weights` has them). Raises ValueError when nothing matches.
+    """
+    conv1d = _conv1d_type()
+    modules = dict(model.named_modules())
+    names = {
+        w.module: w.name
+        for w in frag_weights(model, target)
+        if w.hook == "linear" and w.name.endswith(".weight") and _is_linear(modules[w.module], conv1d)
+    }
+    if not names:
+        raise ValueError(f"target={target!r} matches no nn.Linear / Conv1D projection of {type(model).__name__}")
+    return names
 
 
 def transposed_weight_names(model: torch.nn.Module, target: str = "all") -> set[str]:
-    """Weight names of scored transformers ``Conv1D`` modules (GPT-2), stored ``(d_in, d_out)``.
+    """Names of the scored weights stored with the input axis first: transformers ``Conv1D`` (GPT-2),
+    ``(d_in, d_out)``, and fused experts stored ``[E, d_in, d_out]``.
 
     FRAG broadcasts x over the input axis, which for these weights is the row axis, not the column axis.
     """
-    conv1d = _conv1d_type()
-    if conv1d is None:  # pragma: no cover
-        return set()
-    return {f"{name}.weight" for name, m in _scored_modules(model, target).items() if isinstance(m, conv1d)}
+    return {w.name for w in frag_weights(model, target) if w.transposed}
 
 
 def _model_dtype(model: torch.nn.Module) -> torch.dtype | None:
@@ -164,14 +258,64 @@ def collect_input_norms(
     max_length: int = 256,
     dtype: torch.dtype | None = torch.bfloat16,
 ) -> dict[str, torch.Tensor]:
-    """x_j = (1/N) sum_n ||X^(n)_{:,j}||_2 for every scored layer, keyed by weight name (spec §3.2).
+    """x_j = (1/N) sum_n ||X^(n)_{:,j}||_2 for every scored weight, keyed by parameter name (spec §3.2).
 
     Each text is tokenized on its own (truncation at ``max_length``, batch size 1, no padding, the tokenizer's
     special tokens) and run through ``model`` under ``torch.no_grad``; forward pre-hooks capture each scored
     layer's input X (T x d_in). Norms are taken in float32 and summed in float64, so only the forward pass runs in
     ``dtype``. If the model is not already in ``dtype`` it is converted IN PLACE (``model.to(dtype)``); pass
-    ``dtype=None`` to run it as loaded. Returns float32 vectors of length d_in.
+    ``dtype=None`` to run it as loaded. Returns float32 vectors of length d_in; a fused ``[E, ., .]`` expert
+    parameter gets ``[E, d_in]``: row e from the tokens the router sent to expert e (docs/anatomy.md, "FRAG").
     """
+    chosen = frag_weights(model, target)
+    return _collect(model, tokenizer, texts, chosen, max_length=max_length, dtype=dtype)
+
+
+def _routed(args: tuple[Any, ...], kwargs: dict[str, Any], who: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """(hidden states [T, H], expert indices [T, k]) of a fused experts module's call."""
+    tensors = [v for v in (*args, *kwargs.values()) if isinstance(v, torch.Tensor)]
+    hidden = next((t for t in tensors if t.is_floating_point()), None)
+    index = next((t for t in tensors if not t.is_floating_point() and t.dtype != torch.bool), None)
+    if hidden is None or index is None:
+        raise ValueError(f"experts module {who!r}: expected (hidden_states, expert indices, ...) as inputs")
+    hidden = hidden.reshape(-1, hidden.shape[-1])
+    return hidden, index.reshape(hidden.shape[0], -1)
+
+
+def _expert_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, transposed: bool) -> torch.Tensor:
+    out = x @ weight if transposed else x @ weight.t()
+    return out + bias if bias is not None else out
+
+
+def _expert_mid(module: torch.nn.Module, x: torch.Tensor, e: int, transposed: bool) -> torch.Tensor:
+    """The input of expert ``e``'s down projection for its routed tokens ``x``, computed as the module does."""
+    params = dict(module.named_parameters(recurse=False))
+
+    def proj(name: str) -> torch.Tensor:
+        bias = params.get(f"{name}_bias")
+        return _expert_linear(x, params[name][e], bias[e] if bias is not None else None, transposed)
+
+    if "gate_up_proj" in params:
+        h = proj("gate_up_proj")
+        apply_gate = getattr(module, "_apply_gate", None)
+        if callable(apply_gate):  # transformers' gating of this experts class (concatenated or interleaved)
+            return apply_gate(h)
+        gate, up = h.chunk(2, dim=-1)
+        return module.act_fn(gate) * up
+    if "gate_proj" in params:
+        return module.act_fn(proj("gate_proj")) * proj("up_proj")
+    return module.act_fn(proj("up_proj"))
+
+
+def _collect(
+    model: torch.nn.Module,
+    tokenizer: Any,
+    texts: Sequence[str],
+    chosen: Sequence[Weight],
+    *,
+    max_length: int,
+    dtype: torch.dtype | None,
+) -> dict[str, torch.Tensor]:
     from tqdm.auto import tqdm
 
     texts = list(texts)
@@ -182,32 +326,65 @@ def collect_input_norms(
     for i, text in enumerate(texts):
         if not isinstance(text, str):
             raise ValueError(f"collect_input_norms: calibration text #{i} is {type(text).__name__}, not str")
-    modules = _scored_modules(model, target)
-    conv1d = _conv1d_type()
     if dtype is not None and _model_dtype(model) != dtype:
         model.to(dtype)
     device = model_device(model)
+    modules = dict(model.named_modules())
 
     totals: dict[str, torch.Tensor] = {}  # sum over sequences of per-sequence norms (float64)
     current: dict[str, torch.Tensor] = {}  # per-sequence sum of squares over tokens (float64)
-    d_in: dict[str, int] = {}
-    for name, module in modules.items():
-        n_in = module.weight.shape[0] if conv1d is not None and isinstance(module, conv1d) else module.weight.shape[1]
-        d_in[name] = int(n_in)
-        totals[name] = torch.zeros(n_in, dtype=torch.float64)
+    linear: dict[str, Weight] = {}  # module -> its scored weight
+    experts: dict[str, list[Weight]] = {}  # fused experts module -> its scored 3-D parameters
+    for w in chosen:
+        d_in = int(w.input_dim or 0)
+        if w.hook == "experts":
+            experts.setdefault(w.module, []).append(w)
+            totals[w.name] = torch.zeros(w.shape[0], d_in, dtype=torch.float64)
+        else:
+            linear[w.module] = w
+            totals[w.name] = torch.zeros(d_in, dtype=torch.float64)
 
-    def make_hook(name: str):
+    def add(name: str, sq: torch.Tensor) -> None:
+        current[name] = current[name] + sq if name in current else sq
+
+    def linear_hook(w: Weight):
+        d_in = int(w.input_dim or 0)
+
         def hook(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
             x = args[0] if args else next(iter(kwargs.values()))
             x = x.detach().reshape(-1, x.shape[-1]).to(torch.float32)
-            if x.shape[-1] != d_in[name]:
-                raise ValueError(f"module {name!r}: input has {x.shape[-1]} channels, weight expects {d_in[name]}")
-            sq = x.pow(2).sum(dim=0, dtype=torch.float64).cpu()
-            current[name] = current[name] + sq if name in current else sq
+            if x.shape[-1] != d_in:
+                raise ValueError(f"module {w.module!r}: input has {x.shape[-1]} channels, weight expects {d_in}")
+            add(w.name, x.pow(2).sum(dim=0, dtype=torch.float64).cpu())
 
         return hook
 
-    handles = [m.register_forward_pre_hook(make_hook(n), with_kwargs=True) for n, m in modules.items()]
+    def experts_hook(module_name: str, weights: list[Weight]):
+        def hook(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+            hidden, index = _routed(args, kwargs, module_name)
+            hidden = hidden.detach()
+            for w in weights:
+                sq = torch.zeros(w.shape[0], int(w.input_dim or 0), dtype=torch.float64)
+                for e in range(w.shape[0]):
+                    rows = (index == e).any(dim=-1).nonzero().squeeze(-1)
+                    if rows.numel() == 0:
+                        continue
+                    x = hidden[rows]
+                    if w.role in ("down", "fc_out"):
+                        x = _expert_mid(module, x, e, w.transposed)
+                    if x.shape[-1] != sq.shape[1]:
+                        raise ValueError(
+                            f"experts {w.name!r}: expert {e} input has {x.shape[-1]} channels, weight expects "
+                            f"{sq.shape[1]}"
+                        )
+                    sq[e] = x.to(torch.float32).pow(2).sum(dim=0, dtype=torch.float64).cpu()
+                add(w.name, sq)
+
+        return hook
+
+    handles = [modules[m].register_forward_pre_hook(linear_hook(w), with_kwargs=True) for m, w in linear.items()] + [
+        modules[m].register_forward_pre_hook(experts_hook(m, ws), with_kwargs=True) for m, ws in experts.items()
+    ]
     try:
         with torch.no_grad(), eval_mode(model):
             for i, text in enumerate(tqdm(texts, desc="activation norms", disable=None, leave=False)):
@@ -223,7 +400,7 @@ def collect_input_norms(
             h.remove()
         current.clear()
     n = len(texts)
-    return {f"{name}.weight": (total / n).to(torch.float32) for name, total in totals.items()}
+    return {name: (total / n).to(torch.float32) for name, total in totals.items()}
 
 
 # -- calibration text ---------------------------------------------------------------------------------------
@@ -282,16 +459,40 @@ def _texts_from_file(path: Path, n: int) -> list[str]:
 # -- cached statistics --------------------------------------------------------------------------------------
 
 
+class NormTable(dict):
+    """Weight name -> activation norms, carrying ``coverage``: what the scored weights cover of the checkpoint.
+
+    :func:`activation_stats` returns its vectors in these, so a :class:`lacuna_metrics.frag.FragAccumulator` built
+    from ``stats.forget`` reports the coverage even when its caller does not pass it on.
+    """
+
+    def __init__(self, *args: Any, coverage: dict[str, Any] | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.coverage = coverage
+
+
 @dataclass
 class ActivationStats:
-    """Forget and retain activation norms of one model (weight name -> float32 vector), with provenance."""
+    """Forget and retain activation norms of one model (weight name -> float32 vector), with provenance.
+
+    Vectors of fused 3-D expert tensors are ``[num_experts, d_in]``. ``coverage`` (see :func:`activation_stats`)
+    says what share of the checkpoint's block weights the names cover and what was left out.
+    """
 
     forget: dict[str, torch.Tensor]
     retain: dict[str, torch.Tensor]
     fingerprint: str
     cached: bool = False
-    #: Weight names stored ``(d_in, d_out)`` (transformers ``Conv1D``): x indexes their rows.
+    #: Weight names stored with the input axis first (transformers ``Conv1D`` ``(d_in, d_out)``, fused experts
+    #: ``[E, d_in, d_out]``): x indexes their rows.
     conv1d_transposed: frozenset[str] = field(default_factory=frozenset)
+    coverage: dict[str, Any] | None = None
+
+    def __post_init__(self) -> None:
+        if self.coverage is not None:
+            if not isinstance(self.forget, NormTable):
+                self.forget = NormTable(self.forget)
+            self.forget.coverage = self.coverage
 
 
 def _sha256(data: bytes) -> str:
@@ -299,6 +500,7 @@ def _sha256(data: bytes) -> str:
 
 
 def _fingerprint(
+    checkpoint: Checkpoint,
     model_dir: Path,
     tokenizer_dir: Path,
     forget_texts: Sequence[str],
@@ -310,7 +512,7 @@ def _fingerprint(
     extra = [model_dir / "config.json"] + [tokenizer_dir / f for f in _TOKENIZER_FILES]
     payload = {
         "format": FORMAT_VERSION,
-        "weights": Checkpoint(model_dir).fingerprint(),
+        "weights": checkpoint.fingerprint(),
         "config_and_tokenizer": {p.name: _sha256(p.read_bytes()) for p in extra if p.is_file()},
         "forget_texts": [_sha256(t.encode("utf-8")) for t in forget_texts],
         "retain_texts": [_sha256(t.encode("utf-8")) for t in retain_texts],
@@ -337,6 +539,7 @@ def _load_cache(path: Path, fingerprint: str) -> ActivationStats | None:
         if meta.get("fingerprint") != fingerprint or meta.get("format") != str(FORMAT_VERSION):
             raise ValueError("fingerprint or format mismatch")
         transposed = frozenset(json.loads(meta.get("conv1d_transposed", "[]")))
+        coverage = json.loads(meta["coverage"]) if meta.get("coverage") else None
     except (OSError, SafetensorError, ValueError) as exc:
         warnings.warn(f"ignoring unreadable activation cache {path}: {exc}", stacklevel=3)
         return None
@@ -345,7 +548,7 @@ def _load_cache(path: Path, fingerprint: str) -> ActivationStats | None:
     if not forget or set(forget) != set(retain):
         warnings.warn(f"ignoring activation cache {path}: forget/retain entries do not match", stacklevel=3)
         return None
-    return ActivationStats(forget, retain, fingerprint, cached=True, conv1d_transposed=transposed)
+    return ActivationStats(forget, retain, fingerprint, cached=True, conv1d_transposed=transposed, coverage=coverage)
 
 
 def _save_cache(path: Path, stats: ActivationStats) -> None:
@@ -356,6 +559,8 @@ def _save_cache(path: Path, stats: ActivationStats) -> None:
         "fingerprint": stats.fingerprint,
         "conv1d_transposed": json.dumps(sorted(stats.conv1d_transposed)),
     }
+    if stats.coverage is not None:
+        meta["coverage"] = json.dumps(stats.coverage, sort_keys=True)
     save_tensors(path, tensors, meta)
 
 
@@ -365,6 +570,185 @@ def _dtype_kwarg() -> str:
     from packaging.version import Version
 
     return "dtype" if Version(transformers.__version__) >= Version("4.56") else "torch_dtype"
+
+
+# -- checkpoint side: preflight, names, coverage -------------------------------------------------------------
+
+
+def _checkpoint_anatomy(checkpoint: Checkpoint, source: str) -> Anatomy:
+    shapes = {n: checkpoint.shape(n) for n in checkpoint.names if not checkpoint.is_alias(n)}
+    return checkpoint_anatomy(shapes, checkpoint.config(), source)
+
+
+def frag_preflight(model_dir: str | os.PathLike[str], target: str = "all") -> Anatomy:
+    """Check that FRAG can score ``model_dir`` for ``target`` from its tensor header and ``config.json`` alone.
+
+    One-line ValueError naming the checkpoint when the target is unknown, the config has no
+    ``num_hidden_layers``, no tensor name has a block index, or the target matches none of its block weights.
+    Returns the checkpoint's anatomy. Reads no weights, so it costs milliseconds.
+    """
+    check_target(target)
+    checkpoint = Checkpoint(model_dir)
+    return _preflight(checkpoint, str(model_dir), target)
+
+
+def _preflight(checkpoint: Checkpoint, source: str, target: str) -> Anatomy:
+    anatomy = _checkpoint_anatomy(checkpoint, source)
+    matrices = anatomy.block_matrix_names()
+    if not matrices:
+        raise ValueError(f"{source}: its transformer blocks hold no weight matrix (only 1-D tensors): nothing for FRAG")
+    if target.startswith("regex:"):
+        regex = re.compile(target.removeprefix("regex:"))
+        hits = [n for n in matrices if regex.search(n)]
+    elif target in ("attention", "mlp", "expert"):
+        hits = [w.name for w in anatomy.select(target)]
+    else:  # all, linear: the loaded model's structure decides
+        hits = matrices
+    if not hits:
+        raise ValueError(
+            f"{source}: --frag-target {target!r} matches none of its block weights ({anatomy.summary()}; "
+            f"e.g. {', '.join(matrices[:3])})"
+        )
+    return anatomy
+
+
+def _to_checkpoint(
+    chosen: Sequence[Weight],
+    skipped_model: dict[str, str],
+    forget: dict[str, torch.Tensor],
+    retain: dict[str, torch.Tensor],
+    disk: Anatomy,
+    checkpoint: Checkpoint,
+    target: str,
+) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor], set[str], dict[str, Any]]:
+    """Key the model's vectors by the checkpoint's tensor names and measure what they cover.
+
+    A checkpoint tensor takes the vector of the model weight with its name; failing that (transformers 5 saves
+    fused experts as per-expert matrices, and routers under other names), the vector of the model weight with the
+    same :attr:`Weight.input_key` (row e of a fused expert vector for expert e), when the input widths agree.
+    """
+    by_name = {w.name: w for w in chosen}
+    by_key: dict[tuple[Any, ...], tuple[Weight, int | None]] = {}
+    for w in chosen:
+        if w.fused_experts:
+            for e in range(w.shape[0]):
+                by_key.setdefault((w.layer, "expert", e, w.input_key[3]), (w, e))
+        else:
+            by_key.setdefault(w.input_key, (w, None))
+    regex = re.compile(target.removeprefix("regex:")) if target.startswith("regex:") else None
+    allowed = None if target in ("all", "linear") or regex else {w.name for w in disk.select(target)}
+    blocks = set(disk.block_matrix_names())
+    out_f: dict[str, torch.Tensor] = {}
+    out_r: dict[str, torch.Tensor] = {}
+    transposed: set[str] = set()
+    skipped: dict[str, str] = {}
+    for name in checkpoint.names:
+        if checkpoint.is_alias(name) or (name not in blocks and name not in by_name):
+            continue
+        shape = checkpoint.shape(name)
+        if regex is not None and not regex.search(name):
+            skipped[name] = f"not matched by target {target!r}"
+            continue
+        if allowed is not None and name not in allowed and name not in by_name:
+            skipped[name] = f"outside target {target!r}"
+            continue
+        w = by_name.get(name)
+        if w is not None and tuple(w.shape) == tuple(shape):
+            out_f[name], out_r[name] = forget[name], retain[name]
+            if w.transposed:
+                transposed.add(name)
+            continue
+        dw = disk.weights.get(name)
+        match = by_key.get(dw.input_key) if dw is not None and dw.is_matrix and not dw.fused_experts else None
+        if match is not None and dw is not None:
+            mw, e = match
+            xf, xr = (forget[mw.name], retain[mw.name]) if e is None else (forget[mw.name][e], retain[mw.name][e])
+            if xf.dim() == 1 and xf.numel() == dw.input_dim:
+                out_f[name], out_r[name] = xf.clone(), xr.clone()
+                if dw.transposed:
+                    transposed.add(name)
+                continue
+        if name in skipped_model:
+            skipped[name] = skipped_model[name]
+        elif dw is None:
+            skipped[name] = "not a projection the name rules or the model structure recognise"
+        elif target == "linear":
+            skipped[name] = "not an nn.Linear / Conv1D module weight (target 'linear')"
+        else:
+            skipped[name] = "no module of the loaded model computes it"
+    coverage = _coverage(out_f, skipped, blocks, disk, checkpoint, target)
+    return out_f, out_r, transposed, coverage
+
+
+def _coverage(
+    scored: dict[str, torch.Tensor],
+    skipped: dict[str, str],
+    blocks: set[str],
+    disk: Anatomy,
+    checkpoint: Checkpoint,
+    target: str,
+) -> dict[str, Any]:
+    def numel(name: str) -> int:
+        return int(checkpoint.info(name).numel)
+
+    block_scalars = sum(numel(n) for n in blocks)
+    included = [n for n in scored if n in blocks]
+    scalars = sum(numel(n) for n in included)
+    by_component: dict[str, dict[str, int]] = {}
+    for n in blocks:
+        w = disk.weights.get(n)
+        entry = by_component.setdefault(w.component if w is not None else "other", {"tensors": 0, "scalars": 0})
+        entry["tensors"] += 1
+        entry["scalars"] += numel(n)
+    for n in included:
+        w = disk.weights.get(n)
+        entry = by_component[w.component if w is not None else "other"]
+        entry["scored_tensors"] = entry.get("scored_tensors", 0) + 1
+        entry["scored_scalars"] = entry.get("scored_scalars", 0) + numel(n)
+    reasons: dict[str, dict[str, Any]] = {}
+    for n, reason in skipped.items():
+        if n not in blocks:
+            continue
+        entry = reasons.setdefault(reason, {"tensors": 0, "scalars": 0, "examples": []})
+        entry["tensors"] += 1
+        entry["scalars"] += numel(n)
+        if len(entry["examples"]) < 3:
+            entry["examples"].append(n)
+    return {
+        "target": target,
+        "modules": len(scored),
+        "block_modules": len(included),
+        "block_weights": len(blocks),
+        "scalars": scalars,
+        "block_scalars": block_scalars,
+        "share": scalars / block_scalars if block_scalars else 0.0,
+        "outside_blocks": len(scored) - len(included),
+        "by_component": {c: by_component[c] for c in sorted(by_component)},
+        "skipped": reasons,
+        "definition": "share = scalars of the scored block weights / scalars of every tensor with 2+ dimensions "
+        "inside a transformer block except biases (docs/anatomy.md)",
+    }
+
+
+def coverage_verdict(coverage: dict[str, Any], min_coverage: float = DEFAULT_MIN_COVERAGE) -> dict[str, Any]:
+    """``coverage`` plus ``threshold``, ``below_threshold`` and a one-line ``warning`` (None when covered)."""
+    if not 0.0 <= float(min_coverage) <= 1.0:
+        raise ValueError(f"min_coverage must be in [0, 1], got {min_coverage}")
+    out = dict(coverage)
+    share = float(out.get("share", 0.0))
+    below = share < float(min_coverage)
+    out["threshold"] = float(min_coverage)
+    out["below_threshold"] = below
+    warning = None
+    if below:
+        left = sorted(out.get("skipped", {}).items(), key=lambda kv: -kv[1]["scalars"])
+        why = "; ".join(f"{v['tensors']} skipped: {reason}" for reason, v in left[:2]) or "nothing skipped"
+        warning = (
+            f"FRAG covers only {share:.1%} of the block weights ({out.get('block_modules', 0)} of "
+            f"{out.get('block_weights', 0)} tensors, target {out.get('target')!r}; threshold {min_coverage:.0%}): {why}"
+        )
+    out["warning"] = warning
+    return out
 
 
 def activation_stats(
@@ -380,10 +764,15 @@ def activation_stats(
 ) -> ActivationStats:
     """x^f and x^r of the ORIGINAL model in ``model_dir`` (spec §3.2), cached in ``cache_dir`` if given.
 
+    Keys are the checkpoint's tensor names (what the scorer reads), which for transformers 5 MoE checkpoints differ
+    from the loaded model's parameter names (see :func:`_to_checkpoint`). ``coverage`` reports the share of the
+    block weights scored and what was skipped and why (docs/anatomy.md). Before any work (no weights read),
+    :func:`frag_preflight` checks the target, the config's ``num_hidden_layers`` and the blocks.
+
     The cache file ``<cache_dir>/<hex digest>.safetensors`` (keys ``forget/<weight>`` and ``retain/<weight>``) is
-    keyed by a SHA-256 fingerprint of the weight files (size, first/last MiB, safetensors header), config and
-    tokenizer files, the texts, ``target``, ``max_length``, ``dtype`` and :data:`FORMAT_VERSION`. A hit does not load
-    the model. The model is loaded from local files only, without remote code, and freed before returning.
+    keyed by a SHA-256 fingerprint of the weights, config and tokenizer files, the texts, ``target``,
+    ``max_length``, ``dtype`` and :data:`FORMAT_VERSION`. A hit does not load the model. The model is loaded from
+    local files only, without remote code, and freed before returning.
     """
     model_path = Path(model_dir)
     if not model_path.is_dir():
@@ -394,9 +783,10 @@ def activation_stats(
         raise ValueError(f"activation_stats({model_path}): no forget calibration texts")
     if not retain_texts:
         raise ValueError(f"activation_stats({model_path}): no retain calibration texts")
-    if target not in TARGETS:
-        raise ValueError(f"unknown target {target!r}; expected one of {list(TARGETS)}")
-    fingerprint = _fingerprint(model_path, tok_path, forget_texts, retain_texts, target, max_length, dtype)
+    check_target(target)
+    checkpoint = Checkpoint(model_path)
+    disk = _preflight(checkpoint, str(model_path), target)
+    fingerprint = _fingerprint(checkpoint, model_path, tok_path, forget_texts, retain_texts, target, max_length, dtype)
     cache_file = _cache_path(Path(cache_dir), fingerprint) if cache_dir is not None else None
     if cache_file is not None and cache_file.is_file():
         hit = _load_cache(cache_file, fingerprint)
@@ -410,13 +800,26 @@ def activation_stats(
         model_path, local_files_only=True, trust_remote_code=False, **{_dtype_kwarg(): dtype}
     )
     try:
-        transposed = frozenset(transposed_weight_names(model, target))
-        forget = collect_input_norms(model, tokenizer, forget_texts, target=target, max_length=max_length, dtype=dtype)
-        retain = collect_input_norms(model, tokenizer, retain_texts, target=target, max_length=max_length, dtype=dtype)
+        model_target = "all" if target.startswith("regex:") else target
+        try:
+            chosen, skipped_model = _frag_plan(model, model_target)
+        except ValueError as exc:
+            raise ValueError(f"{model_path}: {exc}") from None
+        if not chosen:
+            raise ValueError(f"{model_path}: --frag-target {target!r} selects no projection the model computes")
+        forget = _collect(model, tokenizer, forget_texts, chosen, max_length=max_length, dtype=dtype)
+        retain = _collect(model, tokenizer, retain_texts, chosen, max_length=max_length, dtype=dtype)
     finally:
         del model
         gc.collect()
-    stats = ActivationStats(forget, retain, fingerprint, cached=False, conv1d_transposed=transposed)
+    forget, retain, transposed, coverage = _to_checkpoint(
+        chosen, skipped_model, forget, retain, disk, checkpoint, target
+    )
+    if not forget:
+        raise ValueError(f"{model_path}: --frag-target {target!r}: no checkpoint tensor matches a measured projection")
+    stats = ActivationStats(
+        forget, retain, fingerprint, cached=False, conv1d_transposed=frozenset(transposed), coverage=coverage
+    )
     if cache_file is not None:
         _save_cache(cache_file, stats)
     return stats

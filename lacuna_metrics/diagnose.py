@@ -326,12 +326,12 @@ def linear_cka(x: Any, y: Any) -> float:
 
 
 def _layer_prefixes(model: torch.nn.Module) -> list[str]:
-    """``"<path>.<i>."`` of each transformer block: the ModuleList whose length is ``config.num_hidden_layers``."""
-    n = getattr(getattr(model, "config", None), "num_hidden_layers", None)
-    for name, module in model.named_modules():
-        if name and isinstance(module, torch.nn.ModuleList) and len(module) > 0 and (n is None or len(module) == n):
-            return [f"{name}.{i}." for i in range(len(module))]
-    raise ValueError(f"{type(model).__name__}: no list of transformer blocks found (num_hidden_layers={n})")
+    """``"<path>.<i>."`` of each transformer block, as :func:`lacuna_metrics.anatomy.find_blocks` finds them (the
+    ModuleList of ``config.num_hidden_layers`` blocks; docs/anatomy.md)."""
+    from lacuna_metrics.anatomy import find_blocks
+
+    name, blocks = find_blocks(model)
+    return [f"{name}.{i}." for i in range(len(blocks))]
 
 
 def _fisher(

@@ -9,6 +9,11 @@ channels (:mod:`lacuna_metrics.activations`):
 The cosines are GLOBAL (of the vectors concatenated over all scored modules), so only five sums per module are
 needed. That lets :class:`FragAccumulator` take each tensor in row blocks straight from the checkpoint reader and
 never hold a whole model: a 7B pair is scored in a few hundred MB.
+
+A fused MoE tensor ``[E, d_out, d_in]`` (or ``[E, d_in, d_out]``) is E matrices side by side: its x is
+``[E, d_in]``, row e measured on the tokens routed to expert e, and F, R, D are formed per expert exactly as
+above and enter the same global cosines (docs/anatomy.md, "FRAG"). The result's ``coverage`` says what share of
+the block weights was scored.
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ from typing import Any
 
 import torch
 
-from lacuna_metrics.activations import ActivationStats
+from lacuna_metrics.activations import DEFAULT_MIN_COVERAGE, ActivationStats, coverage_verdict
 from lacuna_metrics.checkpoints import Checkpoint, check_compatible
 
 __all__ = ["FragAccumulator", "frag_score"]
@@ -37,9 +42,13 @@ def _cosine(dot: float, sq_a: float, sq_b: float) -> float:
 class FragAccumulator:
     """Accumulate the FRAG sums tensor by tensor, block by block, then report global and per-module cosines.
 
-    ``x_forget`` / ``x_retain`` map each scored weight name to its input-channel norms (length d_in). Weights in
-    ``conv1d_transposed`` are stored ``(d_in, d_out)`` (GPT-2 ``Conv1D``), so x indexes their rows. Feed each
-    tensor with :meth:`add` as consecutive leading-dimension row blocks of W (before) and W_unl (after).
+    ``x_forget`` / ``x_retain`` map each scored weight name to its input-channel norms (length d_in; ``[E, d_in]``
+    for a fused ``[E, ., .]`` expert tensor). Weights in ``conv1d_transposed`` are stored with the input axis first
+    (GPT-2 ``Conv1D`` ``(d_in, d_out)``, experts ``[E, d_in, d_out]``). Feed each tensor with :meth:`add` as
+    consecutive leading-dimension row blocks of W (before) and W_unl (after).
+
+    ``coverage`` (from :func:`lacuna_metrics.activations.activation_stats`; by default taken from ``x_forget``
+    when it carries one) is reported in :meth:`result` with a warning below ``min_coverage``.
     """
 
     def __init__(
@@ -49,6 +58,8 @@ class FragAccumulator:
         gamma: float = 1.0,
         eps: float = 1e-6,
         conv1d_transposed: Iterable[str] = (),
+        coverage: Mapping[str, Any] | None = None,
+        min_coverage: float = DEFAULT_MIN_COVERAGE,
     ) -> None:
         if not math.isfinite(gamma):
             raise ValueError(f"gamma must be finite, got {gamma}")
@@ -70,8 +81,14 @@ class FragAccumulator:
         for name in x_forget:
             xf = _as_vector(x_forget[name], name, "forget")
             xr = _as_vector(x_retain[name], name, "retain")
-            if xf.numel() != xr.numel():
-                raise ValueError(f"tensor {name!r}: forget norms have {xf.numel()} channels, retain norms {xr.numel()}")
+            if xf.shape != xr.shape:
+                if xf.dim() == xr.dim() == 1:
+                    raise ValueError(
+                        f"tensor {name!r}: forget norms have {xf.numel()} channels, retain norms {xr.numel()}"
+                    )
+                raise ValueError(
+                    f"tensor {name!r}: forget norms have shape {list(xf.shape)}, retain norms {list(xr.shape)}"
+                )
             self._ratio_f[name] = xf / (xr + self.eps)
             self._ratio_r[name] = xr / (xf + self.eps)
         self._transposed = frozenset(conv1d_transposed)
@@ -80,6 +97,9 @@ class FragAccumulator:
             raise ValueError(f"conv1d_transposed names without activation norms: {unknown[:5]}")
         self._sums: dict[str, list[float]] = {}
         self._rows: dict[str, int] = {}
+        if coverage is None:
+            coverage = getattr(x_forget, "coverage", None)
+        self.coverage = coverage_verdict(dict(coverage), min_coverage) if coverage is not None else None
 
     @property
     def names(self) -> list[str]:
@@ -93,7 +113,7 @@ class FragAccumulator:
 
     def input_dim(self, name: str) -> int:
         """d_in of ``name``, i.e. the length of its activation vectors."""
-        return int(self._ratio(name)[0].numel())
+        return int(self._ratio(name)[0].shape[-1])
 
     def is_transposed(self, name: str) -> bool:
         """True for a ``(d_in, d_out)`` Conv1D weight, whose rows (not columns) are input channels."""
@@ -102,12 +122,16 @@ class FragAccumulator:
     def check_shape(self, name: str, shape: tuple[int, ...]) -> None:
         """Fail early, naming the tensor, if a full weight shape does not fit its activation vectors."""
         ratio_f, _ = self._ratio(name)
-        axis = 0 if name in self._transposed else 1
-        if len(shape) != 2 or shape[axis] != ratio_f.numel():
-            layout = "(d_in, d_out) Conv1D" if axis == 0 else "(d_out, d_in)"
+        experts = ratio_f.dim() == 2
+        axis = (0 if name in self._transposed else 1) + int(experts)
+        d_in = int(ratio_f.shape[-1])
+        if len(shape) != 2 + int(experts) or shape[axis] != d_in or (experts and shape[0] != ratio_f.shape[0]):
+            layout = ("[E, d_in, d_out]" if experts else "(d_in, d_out) Conv1D") if name in self._transposed else ""
+            layout = layout or ("[E, d_out, d_in]" if experts else "(d_out, d_in)")
+            what = f"{ratio_f.shape[0]} experts, " if experts else ""
             raise ValueError(
-                f"tensor {name!r} has shape {list(shape)}, but its {layout} input axis should have "
-                f"{ratio_f.numel()} channels (activation norms)"
+                f"tensor {name!r} has shape {list(shape)}, but its {layout} layout should have {what}an input axis "
+                f"of {d_in} channels (activation norms)"
             )
 
     def _ratio(self, name: str) -> tuple[torch.Tensor, torch.Tensor]:
@@ -127,11 +151,17 @@ class FragAccumulator:
         after = torch.as_tensor(after_rows)
         if before.shape != after.shape:
             raise ValueError(f"tensor {name!r}: before block {list(before.shape)} vs after block {list(after.shape)}")
-        if before.dim() != 2:
-            raise ValueError(f"tensor {name!r}: expected a 2-D block of rows, got shape {list(before.shape)}")
+        if before.dim() != ratio_f.dim() + 1:
+            raise ValueError(
+                f"tensor {name!r}: expected a {ratio_f.dim() + 1}-D block of rows, got shape {list(before.shape)}"
+            )
         seen = self._rows.get(name, 0)
         first = seen if start is None else int(start)
         rows = before.shape[0]
+        if ratio_f.dim() == 2:
+            self._add_experts(name, before, after, ratio_f, ratio_r, first)
+            self._rows[name] = seen + rows
+            return
         if name in self._transposed:
             if first < 0 or first + rows > ratio_f.numel():
                 raise ValueError(
@@ -160,6 +190,42 @@ class FragAccumulator:
         sums[_DD] += float(d.square_().sum())
         self._rows[name] = seen + rows
 
+    def _add_experts(
+        self,
+        name: str,
+        before: torch.Tensor,
+        after: torch.Tensor,
+        ratio_f: torch.Tensor,
+        ratio_r: torch.Tensor,
+        first: int,
+    ) -> None:
+        """A block of experts ``[e0:e1]`` of a fused tensor: per expert, the 2-D sums with that expert's x."""
+        rows = before.shape[0]
+        if first < 0 or first + rows > ratio_f.shape[0]:
+            raise ValueError(
+                f"tensor {name!r} (fused experts): experts [{first}, {first + rows}) exceed its {ratio_f.shape[0]} "
+                f"activation rows"
+            )
+        axis = 1 if name in self._transposed else 2  # the input axis of the [E, ., .] block
+        if before.shape[axis] != ratio_f.shape[1]:
+            raise ValueError(
+                f"tensor {name!r} has {before.shape[axis]} input channels per expert, but its activation norms have "
+                f"{ratio_f.shape[1]}"
+            )
+        ratio_f, ratio_r = ratio_f[first : first + rows], ratio_r[first : first + rows]
+        reduce_dim = 2 if axis == 1 else 1  # sum over the output axis, keep [experts, d_in]
+        w = before.to(torch.float64)
+        d = (after.to(torch.float64) - w).square_()
+        a = w.abs()
+        ad = (a * d).sum(dim=reduce_dim)
+        aa = a.square_().sum(dim=reduce_dim)
+        sums = self._sums.setdefault(name, [0.0] * 5)
+        sums[_FD] += float((ad * ratio_f).sum())
+        sums[_RD] += float((ad * ratio_r).sum())
+        sums[_FF] += float((aa * ratio_f.square()).sum())
+        sums[_RR] += float((aa * ratio_r.square()).sum())
+        sums[_DD] += float(d.square_().sum())
+
     def result(self) -> dict[str, Any]:
         """Global A_f, A_r and FRAG = A_f - gamma * A_r over every tensor added, plus the same per module."""
         if not self._sums:
@@ -180,13 +246,18 @@ class FragAccumulator:
             "eps": self.eps,
             "modules": len(self._sums),
             "per_module": per_module,
+            **({"coverage": self.coverage} if self.coverage is not None else {}),
         }
 
 
 def _as_vector(x: Any, name: str, side: str) -> torch.Tensor:
+    """A 1-D vector (d_in), or ``[E, d_in]`` for fused experts, as float64 on the CPU."""
     v = torch.as_tensor(x).detach().to(torch.float64).cpu()
-    if v.dim() != 1 or v.numel() == 0:
-        raise ValueError(f"{side} activation norms of {name!r}: expected a non-empty 1-D vector, got {list(v.shape)}")
+    if v.dim() not in (1, 2) or v.numel() == 0:
+        raise ValueError(
+            f"{side} activation norms of {name!r}: expected a non-empty 1-D vector (or [experts, d_in]), "
+            f"got {list(v.shape)}"
+        )
     if not bool(torch.isfinite(v).all()) or bool((v < 0).any()):
         raise ValueError(f"{side} activation norms of {name!r} contain negative, NaN or inf values")
     return v
@@ -209,7 +280,14 @@ def frag_score(
         raise ValueError(f"block_elems must be >= 1, got {block_elems}")
     from tqdm.auto import tqdm
 
-    acc = FragAccumulator(stats.forget, stats.retain, gamma=gamma, eps=eps, conv1d_transposed=stats.conv1d_transposed)
+    acc = FragAccumulator(
+        stats.forget,
+        stats.retain,
+        gamma=gamma,
+        eps=eps,
+        conv1d_transposed=stats.conv1d_transposed,
+        coverage=stats.coverage,
+    )
     names = check_compatible({"before": before, "after": after}, names=acc.names)
     for name in names:
         acc.check_shape(name, before.shape(name))

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import torch
 from safetensors import SafetensorError, safe_open
 
+from lacuna_metrics.anatomy import PROJECTION_WEIGHT_PATTERN, classify_name, layer_of
 from lacuna_metrics.manifest import save_tensors
 
 if TYPE_CHECKING:
@@ -71,29 +72,18 @@ FORMAT_VERSION: str = "2"
 _READABLE_VERSIONS = {"1": ("I32",), "2": ("U8", "I32")}
 _SAFETENSORS_NAMES = {"U8": torch.uint8, "I32": torch.int32}
 
-_LLAMA = r"layers\.\d+\.(?:self_attn\.[qkvo]_proj|mlp\.(?:gate|up|down)_proj)"  # also OLMo2 / Qwen2
-_NEOX = r"layers\.\d+\.(?:attention\.(?:query_key_value|dense)|mlp\.dense_(?:h_to_4h|4h_to_h))"
-_GPT2 = r"h\.\d+\.(?:attn\.c_(?:attn|proj)|mlp\.c_(?:fc|proj))"
-
-#: Attention and MLP weight matrices of transformer blocks (Llama/OLMo2/Qwen2, GPT-NeoX, GPT-2).
-#: This is the paper's "feed-forward and attention parameters only" (spec §1.3 caveat). It never
-#: matches norms, biases, embeddings or ``lm_head``. Use it with ``re.search``; any name prefix is allowed.
-DEFAULT_ELIGIBLE_PATTERN: str = rf"(?:^|\.)(?:{_LLAMA}|{_NEOX}|{_GPT2})\.weight$"
+#: Attention and MLP weight matrices of transformer blocks, from the name rules of :mod:`lacuna_metrics.anatomy`
+#: (docs/anatomy.md). This is the paper's "feed-forward and attention parameters only" (spec §1.3 caveat). On
+#: Llama / OLMo2 / Qwen2, GPT-NeoX and GPT-2 it matches exactly the q/k/v/o/gate/up/down (query_key_value, dense,
+#: dense_h_to_4h, dense_4h_to_h; c_attn, c_proj, c_fc) weights it always has; it also covers fused projections
+#: (Phi-3), OPT, Falcon, BLOOM and per-expert MoE matrices. It never matches norms, biases, embeddings, routers,
+#: fused 3-D expert parameters or ``lm_head``. Use it with ``re.search``; any name prefix is allowed.
+DEFAULT_ELIGIBLE_PATTERN: str = PROJECTION_WEIGHT_PATTERN
 
 #: The filter of the released ``create_masks`` code: every name without ``norm`` or ``embed_tokens``.
 #: It includes an untied ``lm_head`` and biases. With ``budget=1 - 0.95`` this pattern reproduces the
 #: released masks bit for bit (see :func:`build_masks`).
 LACUNA_RELEASE_PATTERN: str = r"^(?!.*(?:norm|embed_tokens))"
-
-_LAYER_RE = re.compile(r"(?:^|\.)(?:layers|h)\.(\d+)\.")
-_ATTENTION_RE = re.compile(
-    r"(?:^|\.)(?:layers|h)\.\d+\."
-    r"(?:self_attn\.[qkvo]_proj|attention\.(?:query_key_value|dense)|attn\.c_(?:attn|proj))\.(?:weight|bias)$"
-)
-_MLP_RE = re.compile(
-    r"(?:^|\.)(?:layers|h)\.\d+\.(?:mlp\.(?:gate|up|down)_proj|mlp\.dense_(?:h_to_4h|4h_to_h)|mlp\.c_(?:fc|proj))"
-    r"\.(?:weight|bias)$"
-)
 
 _REQUIRED_METADATA = ("format", "version", "num_groups", "budget", "seed", "forget_groups", "retain_groups")
 _ORDER_KEY = "tensor_order"
@@ -108,25 +98,23 @@ Shapes = Mapping[str, "tuple[int, ...] | torch.Size"]
 
 
 def layer_index(name: str) -> int | None:
-    """Transformer block index N of ``...layers.N....`` / ``...h.N....``, or None (embeddings, final norm, lm_head).
+    """Transformer block index N of ``...layers.N....`` / ``...h.N....`` / ``...blocks.N....``, or None (embeddings,
+    final norm, lm_head).
 
     Used to keep the last blocks (instruction-tuning LoRA) out of the masks and to group scores per layer.
     """
-    m = _LAYER_RE.search(name)
-    return int(m.group(1)) if m else None
+    return layer_of(name)
 
 
-def component(name: str) -> Literal["attention", "mlp"] | None:
-    """Tell whether a name is an attention or MLP projection (weight or bias). Return None for anything else.
+def component(name: str) -> Literal["attention", "mlp", "expert", "router"] | None:
+    """The component of a block projection (weight or bias) by the name rules of :mod:`lacuna_metrics.anatomy`:
+    ``attention``, ``mlp``, ``expert`` (MoE experts) or ``router``. None for anything else.
 
     Norms (including OLMo2's ``self_attn.q_norm``), embeddings and ``lm_head`` get None. The ``layernorm``
     score of spec §1.10 normalises per (layer, component).
     """
-    if _ATTENTION_RE.search(name):
-        return "attention"
-    if _MLP_RE.search(name):
-        return "mlp"
-    return None
+    weight = classify_name(name)
+    return None if weight is None else weight.component  # type: ignore[return-value]
 
 
 def named_shapes_of(model: torch.nn.Module) -> dict[str, tuple[int, ...]]:

@@ -62,6 +62,7 @@ def score_pair(
     localize: bool = True,
     gamma: float = 1.0,
     frag_target: str = "all",
+    frag_min_coverage: float | None = None,
     calib_samples: int = 128,
     calib_max_length: int = 256,
     activation_dtype: str = "bfloat16",
@@ -99,6 +100,11 @@ def score_pair(
     for i, path in enumerate(crossfield):
         ckpts[f"crossfield{i}"] = Checkpoint(path)
     check_compatible(ckpts)
+    will_frag = frag and forget_source is not None and retain_source is not None
+    if will_frag:
+        from lacuna_metrics.activations import frag_preflight
+
+        frag_preflight(ckpts["before"].path, frag_target)  # header-only: fails before any hashing or forward pass
     # Name what is scored before scoring it: resolved path and content fingerprint of every input.
     inputs = {label: {"path": str(c.path.resolve()), "fingerprint": c.fingerprint()} for label, c in ckpts.items()}
     mask_reader = MaskReader(masks) if masks is not None else None  # validates the file before hashing it
@@ -110,7 +116,7 @@ def score_pair(
 
     distance = DistanceAccumulator()
     frag_acc, frag_section, stats = None, None, None
-    if frag and forget_source is not None and retain_source is not None:
+    if will_frag:
         import torch
 
         from lacuna_metrics.activations import activation_stats, calibration_texts
@@ -125,8 +131,14 @@ def score_pair(
             max_length=calib_max_length,
             dtype=getattr(torch, activation_dtype),
         )
+        coverage_kw = {} if frag_min_coverage is None else {"min_coverage": frag_min_coverage}
         frag_acc = FragAccumulator(
-            stats.forget, stats.retain, gamma=gamma, conv1d_transposed=tuple(stats.conv1d_transposed)
+            stats.forget,
+            stats.retain,
+            gamma=gamma,
+            conv1d_transposed=tuple(stats.conv1d_transposed),
+            coverage=stats.coverage,
+            **coverage_kw,
         )
     elif frag:
         frag_section = {"skipped": "no calibration text: give --calib-forget/--calib-retain or --testbed"}

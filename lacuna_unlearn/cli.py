@@ -62,6 +62,12 @@ def _score(args: argparse.Namespace) -> int:
     from lacuna_metrics.report import markdown_summary
     from lacuna_metrics.score import score_to_dir
 
+    if not args.no_frag:
+        from lacuna_metrics.activations import check_target
+
+        check_target(args.frag_target)
+        if args.frag_min_coverage is not None and not 0.0 <= args.frag_min_coverage <= 1.0:
+            raise ValueError(f"--frag-min-coverage must be in [0, 1], got {args.frag_min_coverage}")
     if args.testbed is None and (args.before is None or args.masks is None and not args.no_masks):
         raise ValueError("give --testbed DIR, or --before DIR with --masks FILE (or --no-masks for FRAG/distance only)")
     scores = tuple(s for s in args.scores.split(",") if s) if args.scores else None
@@ -95,6 +101,7 @@ def _score(args: argparse.Namespace) -> int:
         frag=not args.no_frag,
         gamma=args.gamma,
         frag_target=args.frag_target,
+        frag_min_coverage=args.frag_min_coverage,
         calib_samples=args.calib_samples,
         cache_dir=args.activation_cache,
         config=config,
@@ -102,7 +109,11 @@ def _score(args: argparse.Namespace) -> int:
     )
     import json
 
-    print(markdown_summary(json.loads((written / "score.json").read_text())))
+    result = json.loads((written / "score.json").read_text())
+    print(markdown_summary(result))
+    coverage = (result.get("frag") or {}).get("coverage") or {}
+    if coverage.get("warning"):
+        print(f"warning: {coverage['warning']}")
     print(f"wrote {written / 'score.json'} and {written / 'score.md'}" + (" and plots/" if args.plots else ""))
     return 0
 
@@ -285,7 +296,20 @@ def build_parser() -> argparse.ArgumentParser:
     score.add_argument("--calib-retain", help="FRAG retain calibration text: lacuna data dir, .jsonl or .txt")
     score.add_argument("--calib-samples", type=int, default=128, help="calibration sequences per side (spec: 128)")
     score.add_argument("--gamma", type=float, default=1.0, help="FRAG retain penalty (spec default 1)")
-    score.add_argument("--frag-target", default="all", choices=["all", "mlp", "linear"])
+    score.add_argument(
+        "--frag-target",
+        default="all",
+        help="weights FRAG scores: all (every block projection: attention, MLP, experts, routers; default), "
+        "attention, mlp (MLP and experts), expert, linear (every nn.Linear/Conv1D but lm_head and embeddings) or "
+        "regex:PATTERN "
+        "(checkpoint tensor names); see docs/anatomy.md",
+    )
+    score.add_argument(
+        "--frag-min-coverage",
+        type=float,
+        default=None,
+        help="warn when FRAG's weights cover less than this share of the block weights (default 0.9)",
+    )
     score.add_argument("--no-frag", action="store_true", help="skip FRAG (no forward passes)")
     score.add_argument("--activation-cache", help="activation statistics cache (default: $LACUNA_CACHE or ~/.cache)")
     score.add_argument(

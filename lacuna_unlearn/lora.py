@@ -1,8 +1,10 @@
 """LoRA (peft) for every gradient method and for the relearning attacks: wrap before training, merge on save.
 
 Targets default to every linear layer inside the transformer blocks (on Llama/OLMo: the seven projections,
-as LACUNA's relearning and MemFlex configs), found by module type so other architectures work too. The saved
-checkpoint is the merged model in the ordinary HF layout, so every downstream tool reads it unchanged.
+as LACUNA's relearning and MemFlex configs), found by :mod:`lacuna_metrics.anatomy` from the module structure so
+other architectures work too (fused q/k/v, GPT-2 ``Conv1D``, per-expert modules). Fused 3-D expert parameters
+(transformers 5 MoE) get adapters through peft's ``target_parameters``. The saved checkpoint is the merged model
+in the ordinary HF layout, so every downstream tool reads it unchanged. See docs/anatomy.md.
 """
 
 from __future__ import annotations
@@ -13,23 +15,44 @@ from typing import Any
 
 import torch
 
-from lacuna_metrics.masks import layer_index
+from lacuna_metrics.anatomy import model_anatomy
 
-__all__ = ["LoraSettings", "linear_module_names"]
+__all__ = ["LoraSettings", "expert_parameter_names", "linear_module_names"]
+
+
+def _linear(module: torch.nn.Module) -> bool:
+    return isinstance(module, torch.nn.Linear) or type(module).__name__ == "Conv1D"
 
 
 def linear_module_names(model: torch.nn.Module, layers: Sequence[int] | None = None) -> list[str]:
     """Suffix names of the linear layers inside blocks ``layers`` (None: all blocks); architecture-agnostic."""
     wanted = set(layers) if layers is not None else None
+    modules = dict(model.named_modules())
     names = set()
-    for name, module in model.named_modules():
-        linear = isinstance(module, torch.nn.Linear) or type(module).__name__ == "Conv1D"
-        layer = layer_index(name + ".weight")
-        if linear and layer is not None and (wanted is None or layer in wanted):
-            names.add(name.rsplit(".", 1)[-1])
+    for weight in model_anatomy(model).matrices():
+        if weight.hook != "linear" or not _linear(modules[weight.module]):
+            continue
+        if wanted is None or weight.layer in wanted:
+            names.add(weight.module.rsplit(".", 1)[-1])
     if not names:
         raise ValueError(f"no linear layers found in layers {sorted(wanted) if wanted else 'of any block'}")
     return sorted(names)
+
+
+def expert_parameter_names(model: torch.nn.Module, layers: Sequence[int] | None = None) -> list[str]:
+    """Full names of the fused 3-D expert parameters inside blocks ``layers`` (None: all blocks)."""
+    wanted = set(layers) if layers is not None else None
+    return [
+        w.name for w in model_anatomy(model).matrices() if w.fused_experts and (wanted is None or w.layer in wanted)
+    ]
+
+
+def _supports_target_parameters() -> bool:
+    from dataclasses import fields
+
+    from peft import LoraConfig
+
+    return any(f.name == "target_parameters" for f in fields(LoraConfig))
 
 
 @dataclass
@@ -53,6 +76,11 @@ class LoraSettings:
         from peft import LoraConfig, get_peft_model
 
         layers = list(self.layers) if self.layers is not None else None
+        extra: dict[str, Any] = {}
+        if not self.target_modules:
+            experts = expert_parameter_names(model, layers)
+            if experts and _supports_target_parameters():
+                extra["target_parameters"] = experts
         config = LoraConfig(
             r=int(self.r),
             lora_alpha=self.lora_alpha,
@@ -61,6 +89,7 @@ class LoraSettings:
             target_modules=list(self.target_modules) if self.target_modules else linear_module_names(model, layers),
             layers_to_transform=layers,
             task_type="CAUSAL_LM",
+            **extra,
         )
         return get_peft_model(model, config)
 

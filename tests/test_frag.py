@@ -409,11 +409,10 @@ def test_gpt2_conv1d_is_scored_transposed(tiny):
     _, tok, _, forget, _ = tiny
     torch.manual_seed(0)
     model = GPT2LMHeadModel(GPT2Config(vocab_size=len(tok), n_embd=16, n_layer=1, n_head=2, n_positions=64)).eval()
-    with pytest.raises(ValueError, match="target='linear'"):
-        linear_weight_names(model)
     names = linear_weight_names(model, "linear")
     assert set(names) == {f"transformer.h.0.{m}" for m in ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj")}
-    assert transposed_weight_names(model, "linear") == set(names.values())
+    assert linear_weight_names(model) == names  # the default target finds GPT-2's Conv1D projections too
+    assert transposed_weight_names(model, "linear") == set(names.values()) == transposed_weight_names(model)
     got = collect_input_norms(model, tok, forget[:2], target="linear", max_length=20, dtype=torch.float32)
     want = reference_norms(model, tok, forget[:2], {n: model.get_submodule(n) for n in names}, max_length=20)
     for name, vec in got.items():
