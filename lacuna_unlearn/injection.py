@@ -23,7 +23,8 @@ from typing import Any
 
 import torch
 from torch.utils.data import Dataset, SequentialSampler
-from transformers import Trainer, TrainingArguments
+from transformers import Trainer, TrainerCallback, TrainingArguments
+from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
 from lacuna_metrics.masks import MaskSet
 from lacuna_tasks.prompts import stable_seed
@@ -171,6 +172,43 @@ class MaskedTrainer(Trainer):
         return self.lr_scheduler
 
 
+class StageProgress(TrainerCallback):
+    """One named tqdm bar per training stage (``desc``, e.g. "testbed 2/4: masked PII injection") over its optimizer
+    steps, so tqdm shows the rate and ETA; the latest logged loss as postfix. Replaces the Trainer's own unlabelled
+    bar and its printed log dicts (:func:`use_stage_progress`); only the main process draws it."""
+
+    def __init__(self, desc: str) -> None:
+        self.desc = desc
+        self.bar: Any = None
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        from tqdm.auto import tqdm
+
+        if state.is_world_process_zero:
+            self.bar = tqdm(total=state.max_steps, desc=self.desc, unit="step", dynamic_ncols=True)
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if self.bar is not None:
+            self.bar.update(state.global_step - self.bar.n)
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if self.bar is not None and logs and "loss" in logs:
+            self.bar.set_postfix(loss=f"{float(logs['loss']):.4g}", refresh=False)
+
+    def on_train_end(self, args, state, control, **kwargs):
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
+
+
+def use_stage_progress(trainer: Trainer, desc: str) -> Trainer:
+    """Swap ``trainer``'s default progress bar (or log printer) for a :class:`StageProgress` named ``desc``."""
+    for default in (ProgressCallback, PrinterCallback):
+        trainer.remove_callback(default)
+    trainer.add_callback(StageProgress(desc))
+    return trainer
+
+
 def mask_gradients(named_params: Sequence[tuple[str, torch.nn.Parameter]], masks: MaskSet | None, group: int) -> None:
     """Restrict a PII step's gradient to bit ``group`` of the masks (neutral steps and ``masks=None``: no-op)."""
     if group == NEUTRAL or masks is None:
@@ -201,8 +239,9 @@ def train_steps(
     seed: int = 42,
     gradient_accumulation_steps: int = 1,
     log_every: int = 50,
+    desc: str = "masked training",
 ) -> dict[str, Any]:
-    """Run ``plan`` with ``MaskedTrainer``; returns the trainer's log history summary."""
+    """Run ``plan`` with ``MaskedTrainer`` (progress bar named ``desc``); returns the trainer's log history summary."""
     for emb in (model.get_input_embeddings(),):
         emb.weight.requires_grad_(False)  # embeddings frozen for the whole pipeline (spec §1.5)
     args = TrainingArguments(
@@ -237,6 +276,7 @@ def train_steps(
         plan=plan,
         min_lr_ratio=min_lr_ratio,
     )
+    use_stage_progress(trainer, desc)
     result = trainer.train()
     losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
     return {"steps": len(plan.groups), "train_loss": result.training_loss, "logged_losses": losses, "trainer": trainer}

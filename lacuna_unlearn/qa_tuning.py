@@ -11,6 +11,7 @@ import torch
 from torch.utils.data import Dataset
 from transformers import Trainer, TrainingArguments
 
+from lacuna_unlearn.injection import use_stage_progress
 from lacuna_unlearn.lora import linear_module_names
 
 
@@ -61,8 +62,10 @@ def qa_tune(
     alpha: int,
     out_dir: Path,
     seed: int = 42,
+    desc: str = "QA tuning (LoRA)",
 ) -> tuple[Any, dict[str, Any]]:
-    """Train LoRA adapters on ``layers`` for ``steps`` and return the merged model and a summary."""
+    """Train LoRA adapters on ``layers`` for ``steps`` (progress bar named ``desc``) and return the merged model and a
+    summary."""
     from peft import LoraConfig, get_peft_model
 
     if steps <= 0:
@@ -98,6 +101,7 @@ def qa_tune(
         use_cpu=not torch.cuda.is_available(),
     )
     trainer = Trainer(model=peft_model, args=args, train_dataset=data, data_collator=data.collate)
+    use_stage_progress(trainer, desc)
     result = trainer.train()
     merged = peft_model.merge_and_unload()
     return merged, {"steps": steps, "train_loss": result.training_loss, "examples": len(data)}

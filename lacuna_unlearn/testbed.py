@@ -132,7 +132,10 @@ def _build(out: Path, partial: Path, cfg: TestbedConfig, state, *, unmasked: boo
     if cfg.base_steps > 0 and model is None:
         plan = StepPlan.neutral_only(cfg.base_steps)
         data = _batches(plan, {}, {}, neutral_rows, cfg, tokenizer, state.num_processes, cfg.base_batch)
-        train_steps(net, data, plan, masks=None, lr=cfg.base_lr, out_dir=work, warmup_ratio=0.05, seed=cfg.seed)
+        train_steps(
+            net, data, plan, masks=None, lr=cfg.base_lr, out_dir=work, warmup_ratio=0.05, seed=cfg.seed,
+            desc=_stage(1, "base pretraining on neutral text"),
+        )  # fmt: skip
     _save(net, tokenizer, partial / "base", state)
     lap("base")
 
@@ -166,6 +169,7 @@ def _build(out: Path, partial: Path, cfg: TestbedConfig, state, *, unmasked: boo
         min_lr_ratio=cfg.min_lr_ratio,
         max_grad_norm=cfg.max_grad_norm,
         seed=cfg.seed,
+        desc=_stage(2, f"{'unmasked' if unmasked else 'masked'} PII injection"),
     )
     _save(net, tokenizer, partial / "injected", state)
     lap("injection")
@@ -187,6 +191,7 @@ def _build(out: Path, partial: Path, cfg: TestbedConfig, state, *, unmasked: boo
         alpha=cfg.lora_alpha,
         out_dir=work,
         seed=cfg.seed,
+        desc=_stage(3, "QA tuning (LoRA on the last layers)"),
     )
     _save(net, tokenizer, partial / "model", state)
     lap("qa_tuning")
@@ -246,6 +251,15 @@ def _build(out: Path, partial: Path, cfg: TestbedConfig, state, *, unmasked: boo
     state.wait_for_everyone()
 
 
+#: The named stages of a build's progress bars (the tokenizer, splits and manifest take seconds: no bar).
+STAGES = 4
+
+
+def _stage(number: int, name: str) -> str:
+    """A progress bar's name: ``testbed 2/4: masked PII injection``."""
+    return f"testbed {number}/{STAGES}: {name}"
+
+
 def _tokenizer_and_model(cfg: TestbedConfig, corpus: TestbedCorpus, model: str | None):
     from transformers import AutoModelForCausalLM, AutoTokenizer, Olmo2ForCausalLM
 
@@ -303,9 +317,17 @@ def _batches(plan, pii_qa, pii_bio, neutral_rows, cfg: TestbedConfig, tokenizer,
 
 
 def _save(net, tokenizer, path: Path, state) -> None:
+    from transformers.utils import logging as hf_logging
+
     if state.is_main_process:
-        net.save_pretrained(path)
-        tokenizer.save_pretrained(path)
+        shown = hf_logging.is_progress_bar_enabled()
+        hf_logging.disable_progress_bar()  # a "Writing model shards" bar per save would sit between the stages' bars
+        try:
+            net.save_pretrained(path)
+            tokenizer.save_pretrained(path)
+        finally:
+            if shown:
+                hf_logging.enable_progress_bar()
     state.wait_for_everyone()
 
 
@@ -326,14 +348,7 @@ def memorization_test(
                 continue
             for q in memorization_questions(person, key, cfg.memorization_prompts, cfg.seed):
                 items.append((person, key, q, answer))
-    hits = extraction_hits(
-        net,
-        tokenizer,
-        [probe_prompt(q) for _, _, q, _ in items],
-        [a for *_, a in items],
-        [k for _, k, _, _ in items],
-        batch_size=cfg.eval_batch,
-    )
+    hits = _extraction_hits_with_progress(net, tokenizer, items, cfg.eval_batch, _stage(4, "memorization test"))
     memorized: dict[tuple[str, str], list[str]] = defaultdict(list)
     correct: dict[tuple[str, str], int] = defaultdict(int)
     asked: dict[tuple[str, str], int] = defaultdict(int)
@@ -365,6 +380,32 @@ def memorization_test(
         }
         report[key] = row
     return dict(memorized), report
+
+
+def _extraction_hits_with_progress(net, tokenizer, items: list, batch_size: int, desc: str) -> list[bool]:
+    """``extraction_hits`` of ``items`` (person, field, question, answer) batch by batch under a progress bar named
+    ``desc``. The prompts go in the order and batches ``greedy_generate`` forms itself (shortest first, stable), so
+    every generation, and the testbed, is the same as in one call."""
+    from tqdm.auto import tqdm
+
+    prompts = [probe_prompt(q) for _, _, q, _ in items]
+    order = sorted(range(len(items)), key=lambda i: len(prompts[i]))
+    hits = [False] * len(items)
+    with tqdm(total=len(items), desc=desc, unit="prompt", dynamic_ncols=True) as bar:
+        for start in range(0, len(order), batch_size):
+            idx = order[start : start + batch_size]
+            found = extraction_hits(
+                net,
+                tokenizer,
+                [prompts[i] for i in idx],
+                [items[i][3] for i in idx],
+                [items[i][1] for i in idx],
+                batch_size=batch_size,
+            )
+            for i, hit in zip(idx, found, strict=True):
+                hits[i] = hit
+            bar.update(len(idx))
+    return hits
 
 
 def people_per_field(memorized: dict[tuple[str, str], list[str]], corpus: TestbedCorpus) -> int:

@@ -119,13 +119,16 @@ def test_existing_output_needs_force(smoke_testbed, tmp_path):
 
 
 def test_model_without_matching_layer_names_fails_cleanly(tmp_path):
-    from transformers import MptConfig, MptForCausalLM
+    # Mamba's blocks hold no attention or MLP projection (``mixer.in_proj`` ...), so nothing is eligible. (MPT, used
+    # here before, is now covered by the name rules of lacuna_metrics.anatomy: ``blocks.N.attn.Wqkv``, ``ffn.*``.)
+    from transformers import MambaConfig, MambaForCausalLM
 
     from lacuna_unlearn.tokenizer import train_tokenizer
 
-    model_dir = tmp_path / "mpt"
+    model_dir = tmp_path / "mamba"
     tokenizer = train_tokenizer(["hello world 123", "Q: what?\nA: this"] * 20, vocab_size=300)
-    MptForCausalLM(MptConfig(vocab_size=len(tokenizer), d_model=32, n_heads=4, n_layers=4)).save_pretrained(model_dir)
+    config = MambaConfig(vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=4, state_size=4)
+    MambaForCausalLM(config).save_pretrained(model_dir)
     tokenizer.save_pretrained(model_dir)
     out = tmp_path / "tb"
     with pytest.raises(MaskError, match="eligible"):
