@@ -5,9 +5,14 @@ module parses safetensors headers itself and reads each tensor's bytes with ``os
 into a fresh torch buffer: no memory map (whose touched pages would count against the process's
 resident memory until the file is closed), no copy of the whole file. Supported layouts are the ones
 ``save_pretrained`` writes: ``model.safetensors``, sharded ``model.safetensors.index.json``, and
-PyTorch ``pytorch_model.bin`` (+ index), which is read only with ``torch.load(weights_only=True,
-mmap=True)``, one shard at a time. Tied weights (``lm_head.weight`` absent but
+PyTorch ``pytorch_model.bin`` (+ index) in the zip format (``torch.save`` since PyTorch 1.6), which is
+read only with ``torch.load(weights_only=True, mmap=True)``, one shard at a time; the legacy non-zip
+format is refused with the conversion to run. Tied weights (``lm_head.weight`` absent but
 ``tie_word_embeddings``) are exposed under both names.
+
+Weights must be floating point: an integer or boolean ``*.weight`` (or block projection bias) is refused
+by name, since its integers would be scored as if they were floats; other integer tensors are buffers
+(``position_ids``, causal masks) and are skipped (:attr:`Checkpoint.skipped`).
 
 Every read is checked for NaN/inf, and every error names the file and the tensor.
 """
@@ -45,10 +50,22 @@ _SAFETENSORS_DTYPES: dict[str, torch.dtype] = {
     "F16": torch.float16,
     "F32": torch.float32,
     "F64": torch.float64,
-    "I32": torch.int32,  # mask files
 }
-#: Also read by mask files (``Checkpoint(..., masks=True)``): the uint8 bit fields of up to 8 groups.
-_MASK_DTYPES: dict[str, torch.dtype] = {**_SAFETENSORS_DTYPES, "U8": torch.uint8}
+#: Mask files (``Checkpoint(..., masks=True)``): int32 bit fields, or uint8 ones for up to 8 groups.
+_MASK_DTYPES: dict[str, torch.dtype] = {**_SAFETENSORS_DTYPES, "I32": torch.int32, "U8": torch.uint8}
+#: Integer and boolean tensors of a model checkpoint. A weight stored so (a quantized or corrupted checkpoint)
+#: is refused, since scoring its integers as floats gives a wrong number silently; other integer tensors are
+#: buffers (``position_ids``, causal-mask ``attn.bias``) that hold no learned value and are skipped.
+_INTEGER_DTYPES: dict[str, torch.dtype] = {
+    "BOOL": torch.bool,
+    "U8": torch.uint8,
+    "I8": torch.int8,
+    "I16": torch.int16,
+    "I32": torch.int32,
+    "I64": torch.int64,
+}
+#: The first bytes of a PyTorch zip archive (``torch.save`` since 1.6); anything else is the legacy format.
+_ZIP_MAGIC = b"PK\x03\x04"
 _MAX_HEADER = 100 * 1024 * 1024
 #: Hashed into every :meth:`Checkpoint.fingerprint`; bump it when what the fingerprint covers changes.
 FINGERPRINT_SCHEME = "lacuna-weights/1"
@@ -59,6 +76,23 @@ _EMBEDDING_NAMES = ("model.embed_tokens.weight", "transformer.wte.weight", "embe
 
 class CheckpointError(ValueError):
     """A checkpoint that cannot be read or does not match another one; the message names file and tensor."""
+
+
+def _is_weight(name: str) -> bool:
+    """A learned tensor by its name: ``*.weight`` or a block projection's bias (what the scores read)."""
+    from lacuna_metrics.anatomy import classify_name
+
+    return name.endswith(".weight") or classify_name(name) is not None
+
+
+def _skip_integer(skipped: dict[str, str], file: Path, name: str, dtype_name: str, shape: tuple[int, ...]) -> None:
+    """Record an integer buffer in ``skipped``; refuse an integer weight (the message names file and tensor)."""
+    if _is_weight(name):
+        raise CheckpointError(
+            f"{file}: tensor {name!r} is a weight stored as {dtype_name} {list(shape)}; lacuna scores floating-point "
+            "weights only (dequantize the checkpoint first)"
+        )
+    skipped[name] = dtype_name
 
 
 @dataclass(frozen=True)
@@ -111,10 +145,16 @@ class Checkpoint:
         self._aliases: dict[str, str] = {}
         self._pickle_cache: tuple[Path, dict[str, torch.Tensor]] | None = None
         self._fingerprint: str | None = None
+        #: Integer/bool buffers left out (name -> dtype): no learned value, not scored, not in the fingerprint.
+        self.skipped: dict[str, str] = {}
         self._files, expected = self._discover()
         for file in self._files:
             dtypes = _MASK_DTYPES if masks else _SAFETENSORS_DTYPES
-            for info in _safetensors_header(file, dtypes) if file.suffix == ".safetensors" else _pickle_infos(file):
+            if file.suffix == ".safetensors":
+                infos = _safetensors_header(file, dtypes, None if masks else self.skipped)
+            else:
+                infos = _pickle_infos(file, None if masks else self.skipped)
+            for info in infos:
                 if info.name in self._infos:
                     first = self._infos[info.name].file.name
                     raise CheckpointError(f"{self.path}: tensor {info.name!r} appears in {first} and {file.name}")
@@ -122,6 +162,8 @@ class Checkpoint:
         if not self._infos:
             raise CheckpointError(f"{self.path}: no tensors found")
         for name, file in expected.items():
+            if name in self.skipped:
+                continue
             if name not in self._infos or self._infos[name].file != file:
                 raise CheckpointError(f"{self.path}: the index maps {name!r} to {file.name}, which does not hold it")
         self._add_tied_aliases()
@@ -194,8 +236,8 @@ class Checkpoint:
     def fingerprint(self) -> str:
         """``sha256:…`` of the weights' content: what a score, a cache or a gate names this checkpoint by.
 
-        Covers every stored tensor (name, dtype, shape and all of its bytes) and the tied-weight aliases,
-        nothing else: not the path, file names, mtimes, sharding, tensor order inside the files,
+        Covers every stored floating-point tensor (name, dtype, shape and all of its bytes) and the
+        tied-weight aliases, nothing else (not the skipped integer buffers): not the path, file names, mtimes, sharding, tensor order inside the files,
         safetensors ``__metadata__``, nor ``config.json`` / tokenizer files. So the same weights saved
         sharded or as one file (safetensors or ``.bin``) share a fingerprint, and any changed scalar changes
         it. Each tensor is hashed on its own (streamed in 8 MiB reads, a few tensors in parallel: ``hashlib``
@@ -316,7 +358,11 @@ def _index_map(index: Path) -> dict[str, Path]:
     return out
 
 
-def _safetensors_header(file: Path, dtypes: Mapping[str, torch.dtype] = _SAFETENSORS_DTYPES) -> list[TensorInfo]:
+def _safetensors_header(
+    file: Path, dtypes: Mapping[str, torch.dtype] = _SAFETENSORS_DTYPES, skipped: dict[str, str] | None = None
+) -> list[TensorInfo]:
+    """The tensors of a safetensors file's header. With ``skipped`` (a model checkpoint), integer buffers are
+    recorded there and left out, integer weights refused; without it, ``dtypes`` decides alone."""
     size = file.stat().st_size
     with file.open("rb") as fh:
         head = fh.read(8)
@@ -346,6 +392,9 @@ def _safetensors_header(file: Path, dtypes: Mapping[str, torch.dtype] = _SAFETEN
             raise CheckpointError(f"{file}: malformed header entry for tensor {name!r}: {exc}") from exc
         if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in (begin, end, *shape)):
             raise CheckpointError(f"{file}: tensor {name!r} has invalid data_offsets {[begin, end]} or shape {shape}")
+        if dtype_name not in dtypes and skipped is not None and dtype_name in _INTEGER_DTYPES:
+            _skip_integer(skipped, file, name, dtype_name, shape)
+            continue
         if dtype_name not in dtypes:
             raise CheckpointError(f"{file}: tensor {name!r} has dtype {dtype_name}; supported: {sorted(dtypes)}")
         dtype = dtypes[dtype_name]
@@ -356,6 +405,15 @@ def _safetensors_header(file: Path, dtypes: Mapping[str, torch.dtype] = _SAFETEN
 
 
 def _load_pickle(file: Path) -> dict[str, torch.Tensor]:
+    with file.open("rb") as fh:
+        head = fh.read(4)
+    if head != _ZIP_MAGIC:
+        legacy = head[:1] == b"\x80"  # a bare pickle: torch.save(..., _use_new_zipfile_serialization=False)
+        what = "is in the legacy (non-zip) PyTorch format, not supported" if legacy else "is not a PyTorch zip archive"
+        raise CheckpointError(
+            f"{file}: {what}; convert the checkpoint to safetensors once: "
+            f"AutoModelForCausalLM.from_pretrained('{file.parent}').save_pretrained(OUT)"
+        )
     try:
         obj = torch.load(file, map_location="cpu", weights_only=True, mmap=True)
     except Exception as exc:  # torch raises pickle, zip and runtime errors alike
@@ -365,10 +423,14 @@ def _load_pickle(file: Path) -> dict[str, torch.Tensor]:
     return dict(obj)
 
 
-def _pickle_infos(file: Path) -> list[TensorInfo]:
+def _pickle_infos(file: Path, skipped: dict[str, str] | None = None) -> list[TensorInfo]:
     state = _load_pickle(file)
     infos = []
+    integer = {dtype: name for name, dtype in _INTEGER_DTYPES.items()}
     for name, t in state.items():
+        if skipped is not None and t.dtype in integer:
+            _skip_integer(skipped, file, name, integer[t.dtype], tuple(t.shape))
+            continue
         if t.dtype not in _SAFETENSORS_DTYPES.values():
             raise CheckpointError(f"{file}: tensor {name!r} has unsupported dtype {t.dtype}")
         infos.append(TensorInfo(name, file, t.dtype, tuple(t.shape)))
@@ -476,8 +538,9 @@ def check_compatible(checkpoints: Mapping[str, Checkpoint], names: Sequence[str]
         for n in wanted:
             if n in have and n in ref_have and ckpt.shape(n) != ref.shape(n):
                 problems.append(f"{n}: {ref_label} {list(ref.shape(n))} vs {label} {list(ckpt.shape(n))}")
-    if problems:
-        raise CheckpointError("checkpoints do not match:\n  " + "\n  ".join(problems[:50]))
+    if problems:  # one line: the first few differences and how many there are
+        shown = "; ".join(problems[:5]) + (f"; ... (+{len(problems) - 5} more)" if len(problems) > 5 else "")
+        raise CheckpointError(f"checkpoints do not match: {shown}")
     return wanted
 
 

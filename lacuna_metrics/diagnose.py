@@ -673,15 +673,15 @@ def diagnose(
             "wall_seconds": round(time.time() - started, 3),
         },
     }
-    if out_dir is not None:
-        from lacuna_metrics.manifest import write_json
+    if out_dir is not None:  # the JSON and its plots appear together, or nothing does
+        from lacuna_metrics.manifest import publish_together, write_json
 
         out = Path(out_dir)
-        write_json(out / "diagnose.json", result)
-        if plots:
-            result_paths = write_diagnose_plots(result, out / "plots")
-            result["manifest"]["plots"] = [str(p) for p in result_paths]
-            write_json(out / "diagnose.json", result)
+        with publish_together(out) as staging:
+            if plots:
+                written = write_diagnose_plots(result, staging / "plots")
+                result["manifest"]["plots"] = [str(out / p.relative_to(staging)) for p in written]
+            write_json(staging / "diagnose.json", result)
     return result
 
 

@@ -53,6 +53,7 @@ __all__ = [
     "load_masks",
     "named_shapes_of",
     "save_masks",
+    "stamp_masks",
     "storage_dtype",
     "trivial_mask_stats",
 ]
@@ -87,7 +88,10 @@ LACUNA_RELEASE_PATTERN: str = r"^(?!.*(?:norm|embed_tokens))"
 
 _REQUIRED_METADATA = ("format", "version", "num_groups", "budget", "seed", "forget_groups", "retain_groups")
 _ORDER_KEY = "tensor_order"
-_RESERVED_METADATA = frozenset((*_REQUIRED_METADATA, _ORDER_KEY))
+#: Optional metadata: :meth:`lacuna_metrics.checkpoints.Checkpoint.fingerprint` of the model the masks describe.
+MODEL_KEY = "model_fingerprint"
+_RESERVED_METADATA = frozenset((*_REQUIRED_METADATA, _ORDER_KEY, MODEL_KEY))
+_FINGERPRINT_RE = re.compile(r"^sha256:[0-9a-f]{64}$")
 _TORCH_SUFFIXES = (".pt", ".pth", ".bin")
 
 Shapes = Mapping[str, "tuple[int, ...] | torch.Size"]
@@ -183,6 +187,40 @@ def _default_groups(num_groups: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
     return tuple(range(0, num_groups, 2)), tuple(range(1, num_groups, 2))
 
 
+def _checked_groups(
+    num_groups: int, forget_groups: Iterable[int] | None, retain_groups: Iterable[int] | None
+) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(forget, retain) groups, defaults filled in; every index in [0, num_groups), the two sides disjoint."""
+    _check_num_groups(num_groups)
+    default_forget, default_retain = _default_groups(num_groups)
+    forget = default_forget if forget_groups is None else tuple(forget_groups)
+    retain = default_retain if retain_groups is None else tuple(retain_groups)
+    for label, groups in (("forget_groups", forget), ("retain_groups", retain)):
+        for g in groups:
+            if isinstance(g, bool) or not isinstance(g, int) or not 0 <= g < num_groups:
+                raise MaskError(f"{label} contains {g!r}, not a group index in [0, {num_groups})")
+    if set(forget) & set(retain):
+        raise MaskError(f"forget_groups {forget} and retain_groups {retain} overlap")
+    return forget, retain
+
+
+def _check_fingerprint(value: object) -> str:
+    if not isinstance(value, str) or not _FINGERPRINT_RE.match(value):
+        raise MaskError(f"model fingerprint {value!r} is not 'sha256:' and 64 hex digits (Checkpoint.fingerprint())")
+    return value
+
+
+def _stray_bit(packed: torch.Tensor, num_groups: int) -> int | None:
+    """The highest bit >= ``num_groups`` set in ``packed`` (a uint8 or int32 bit field), or None: one min/max pass."""
+    width = 8 if packed.dtype == torch.uint8 else 32
+    if num_groups >= width or packed.numel() == 0:
+        return None
+    low, high = (int(v) for v in torch.aminmax(packed.reshape(-1)))
+    if low < 0:
+        return 31  # the sign bit of an int32 field
+    return high.bit_length() - 1 if high >> num_groups else None
+
+
 # --------------------------------------------------------------------------------------------------
 # MaskSet
 
@@ -198,6 +236,8 @@ class MaskSet:
     If ``forget_groups`` / ``retain_groups`` are not given, they become the even / odd groups, which is
     (0, 2, 4) / (1, 3, 5) for LACUNA's six groups. ``budget`` and ``seed`` are None when unknown
     (``mask.pt``). ``extra`` holds free-form string metadata that is saved with the file.
+    ``model_fingerprint`` is the content fingerprint of the model the masks were built for, when known
+    (our files since it was added; never a ``mask.pt``): ``lacuna score`` refuses masks of another model.
     """
 
     packed: dict[str, torch.Tensor]
@@ -207,19 +247,14 @@ class MaskSet:
     forget_groups: tuple[int, ...] | None = None
     retain_groups: tuple[int, ...] | None = None
     extra: dict[str, str] = field(default_factory=dict)
+    model_fingerprint: str | None = None
 
     def __post_init__(self) -> None:
-        _check_num_groups(self.num_groups)
-        default_forget, default_retain = _default_groups(self.num_groups)
-        forget = default_forget if self.forget_groups is None else tuple(self.forget_groups)
-        retain = default_retain if self.retain_groups is None else tuple(self.retain_groups)
-        for label, groups in (("forget_groups", forget), ("retain_groups", retain)):
-            for g in groups:
-                if isinstance(g, bool) or not isinstance(g, int) or not 0 <= g < self.num_groups:
-                    raise MaskError(f"{label} contains {g!r}, not a group index in [0, {self.num_groups})")
-        if set(forget) & set(retain):
-            raise MaskError(f"forget_groups {forget} and retain_groups {retain} overlap")
-        self.forget_groups, self.retain_groups = forget, retain
+        self.forget_groups, self.retain_groups = _checked_groups(
+            self.num_groups, self.forget_groups, self.retain_groups
+        )
+        if self.model_fingerprint is not None:
+            _check_fingerprint(self.model_fingerprint)
         for name, tensor in self.packed.items():
             if not isinstance(tensor, torch.Tensor):
                 raise MaskError(f"mask for {name!r} is a {type(tensor).__name__}, expected an int32 torch.Tensor")
@@ -466,10 +501,13 @@ def storage_dtype(num_groups: int) -> torch.dtype:
     return torch.uint8 if num_groups <= 8 else torch.int32
 
 
-def save_masks(maskset: MaskSet, path: str | os.PathLike[str]) -> Path:
+def save_masks(maskset: MaskSet, path: str | os.PathLike[str], *, model_fingerprint: str | None = None) -> Path:
     """Write ``maskset`` atomically as a safetensors file with one bit-field tensor per mask and string metadata.
 
-    The bit field is :func:`storage_dtype` (uint8 for up to 8 groups, the bits unchanged).
+    The bit field is :func:`storage_dtype` (uint8 for up to 8 groups, the bits unchanged). ``model_fingerprint``
+    (default: ``maskset.model_fingerprint``) is :meth:`lacuna_metrics.checkpoints.Checkpoint.fingerprint` of the
+    model the masks describe; ``lacuna score`` then refuses them for another model. Masks built before that model
+    exists (the testbed's injection) are stamped afterwards with :func:`stamp_masks`.
 
     The file is written to a temporary file in the target directory and then ``os.replace``-d, so readers
     never see a partial file. Unknown ``budget`` / ``seed`` are stored as empty strings.
@@ -490,8 +528,58 @@ def save_masks(maskset: MaskSet, path: str | os.PathLike[str]) -> Path:
         _ORDER_KEY: json.dumps(list(maskset.packed)),
         **maskset.extra,
     }
+    fingerprint = model_fingerprint or maskset.model_fingerprint
+    if fingerprint is not None:
+        metadata[MODEL_KEY] = _check_fingerprint(fingerprint)
     dtype = storage_dtype(maskset.num_groups)
     return save_tensors(path, {name: t.to(dtype) for name, t in maskset.packed.items()}, metadata)
+
+
+def stamp_masks(path: str | os.PathLike[str], model_fingerprint: str) -> Path:
+    """Record ``model_fingerprint`` in an existing mask file of ours, atomically; the tensors are not touched.
+
+    The testbed builds its masks before the injected model exists; once it does, this ties the file to it
+    (``lacuna score`` compares it with ``--before``'s fingerprint). Only the safetensors header is rewritten;
+    the tensor bytes are copied as they are, into a temp file in the same directory that then replaces ``path``
+    (its file mode kept). Raises MaskError for a file that is not one of ours (a ``mask.pt`` cannot be stamped).
+    """
+    import shutil
+    import stat
+    import struct
+    import tempfile
+
+    path = Path(path)
+    fingerprint = _check_fingerprint(model_fingerprint)
+    if not path.is_file():
+        raise FileNotFoundError(f"mask file not found: {path}")
+    if _sniff(path) != "safetensors":
+        raise MaskError(f"{path}: a PyTorch mask.pt cannot be stamped; convert it with load_masks + save_masks")
+    with path.open("rb") as fh:
+        head = fh.read(8)
+        n = int.from_bytes(head, "little") if len(head) == 8 else -1
+        try:
+            header = json.loads(fh.read(n)) if 0 < n <= 100 * 1024 * 1024 else None
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            header = None
+    metadata = header.get("__metadata__") if isinstance(header, dict) else None
+    if not isinstance(metadata, dict) or metadata.get("format") != FORMAT_NAME:
+        raise MaskError(f"{path}: not a {FORMAT_NAME} file (no such metadata); only our mask files can be stamped")
+    header["__metadata__"] = {**metadata, MODEL_KEY: fingerprint}
+    blob = json.dumps(header, separators=(",", ":")).encode("utf-8")
+    blob += b" " * (-len(blob) % 8)  # keep the data 8-byte aligned, as safetensors writes it
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as out, path.open("rb") as src:
+            out.write(struct.pack("<Q", len(blob)) + blob)
+            src.seek(8 + n)
+            shutil.copyfileobj(src, out, 8 << 20)
+        os.chmod(tmp, stat.S_IMODE(path.stat().st_mode))
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    return path
 
 
 def load_masks(
@@ -589,6 +677,7 @@ def _load_safetensors(
     try:
         return MaskSet(
             packed=packed,
+            model_fingerprint=metadata.get(MODEL_KEY) or None,
             num_groups=file_groups,
             budget=budget,
             seed=seed,
@@ -720,6 +809,8 @@ class MaskReader:
             raise FileNotFoundError(f"mask file not found: {self.path}")
         self._memory: MaskSet | None = None
         self._file: Checkpoint | None = None
+        #: The model these masks were built for (our files only); None: they cannot be tied to a model.
+        self.model_fingerprint: str | None = None
         if _sniff(self.path) == "torch":
             self._memory = load_masks(self.path, forget_groups=forget_groups, retain_groups=retain_groups)
             meta = self._memory
@@ -743,8 +834,16 @@ class MaskReader:
                 self.num_groups = int(metadata["num_groups"])
             except ValueError as exc:
                 raise MaskError(f"{self.path}: malformed metadata num_groups: {exc}") from exc
-            self.forget_groups = forget_groups or _parse_groups(self.path, "forget_groups", metadata["forget_groups"])
-            self.retain_groups = retain_groups or _parse_groups(self.path, "retain_groups", metadata["retain_groups"])
+            try:
+                self.forget_groups, self.retain_groups = _checked_groups(
+                    self.num_groups,
+                    forget_groups or _parse_groups(self.path, "forget_groups", metadata["forget_groups"]),
+                    retain_groups or _parse_groups(self.path, "retain_groups", metadata["retain_groups"]),
+                )
+                if metadata.get(MODEL_KEY):
+                    self.model_fingerprint = _check_fingerprint(metadata[MODEL_KEY])
+            except MaskError as exc:
+                raise MaskError(f"{self.path}: {exc}") from None
             version = metadata["version"]
             if version not in _READABLE_VERSIONS:
                 raise MaskError(f"{self.path}: unsupported mask file version {version!r}")
@@ -758,6 +857,56 @@ class MaskReader:
             self.names = list(self._file.names)
         self.forget_bits = group_bits(self.forget_groups or ())
         self.retain_bits = group_bits(self.retain_groups or ())
+
+    def verify(self) -> str:
+        """Read the whole file once: return its fingerprint (:func:`~lacuna_metrics.checkpoints.file_fingerprint`,
+        the same digest) and refuse a scalar with a bit at or beyond ``num_groups`` set, naming tensor and bit.
+
+        Such a bit belongs to no group: the scorer would silently count the scalar as outside every group.
+        """
+        import hashlib
+
+        from lacuna_metrics.checkpoints import Scratch, _hash_range, file_fingerprint
+
+        if self._memory is not None:
+            for name, packed in self._memory.packed.items():
+                self._refuse_stray_bits(name, packed)
+            return file_fingerprint(self.path)
+        assert self._file is not None
+        ckpt, digest, scratch, done = self._file, hashlib.sha256(), Scratch(), 0
+        infos = sorted((ckpt.info(n) for n in ckpt.names if not ckpt.is_alias(n)), key=lambda i: i.offset)
+        for info in infos:  # header and gaps hashed as they are, tensors while their bits are checked
+            if info.offset < done:
+                raise MaskError(f"{self.path}: the data of tensor {info.name!r} overlaps another tensor's")
+            _hash_range(self.path, done, info.offset - done, digest)
+            for start, stop in ckpt.iter_blocks(info.name, 1 << 24):
+                block = ckpt.read_raw(info.name, start, stop, scratch=scratch).reshape(-1)
+                digest.update(block.view(torch.uint8).numpy().data)
+                self._refuse_stray_bits(info.name, block)
+            done = info.offset + torch.empty((), dtype=info.dtype).element_size() * info.numel
+        _hash_range(self.path, done, self.path.stat().st_size - done, digest)
+        return "sha256:" + digest.hexdigest()
+
+    def check_model(self, names: Iterable[str], shape_of: Any, source: str) -> None:
+        """Before any scalar is read: every masked attention/MLP tensor exists in the model ``source`` (tensor
+        ``names``, ``shape_of(name)`` its shape) with the mask's shape, and at least one does."""
+        have = set(names)
+        masked = [n for n in self.names if component(n) is not None]
+        missing = [n for n in masked if n not in have]
+        if missing:
+            raise MaskError(f"{self.path} masks {len(missing)} tensors missing from {source}: {missing[:8]}")
+        if not masked:
+            raise MaskError(f"{self.path}: no masked attention/MLP tensors in {source}")
+        for n in masked:
+            self.check_shape(n, tuple(shape_of(n)), source)
+
+    def _refuse_stray_bits(self, name: str, packed: torch.Tensor) -> None:
+        bit = _stray_bit(packed, self.num_groups)
+        if bit is not None:
+            raise MaskError(
+                f"{self.path}: mask for {name!r} sets bit {bit}, but the file has num_groups={self.num_groups} "
+                f"(bits 0-{self.num_groups - 1}); it was built for more groups, or the file is damaged"
+            )
 
     def numel(self, name: str) -> int:
         if self._memory is not None:

@@ -200,7 +200,7 @@ def test_safetensors_and_bin_read_the_same_values(tmp_path):
 def test_int32_mask_tensors_read_raw(tmp_path):
     mask = torch.randint(-(2**31), 2**31 - 1, (7, 3), dtype=torch.int32)
     save_file({"mask": mask}, str(tmp_path / "model.safetensors"))
-    ckpt = Checkpoint(tmp_path)
+    ckpt = Checkpoint(tmp_path, masks=True)
     assert ckpt.read_raw("mask").dtype == torch.int32
     assert torch.equal(ckpt.read_raw("mask"), mask)
     assert torch.equal(ckpt.read_raw("mask", 2, 5), mask[2:5])
@@ -517,14 +517,14 @@ def test_unsupported_dtype_in_header(tmp_path, dtype_name):
         tmp_path / "model.safetensors",
         {
             "ok": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]},
-            "w": {"dtype": dtype_name, "shape": [2, 3], "data_offsets": [8, 14]},
+            "x.weight": {"dtype": dtype_name, "shape": [2, 3], "data_offsets": [8, 14]},
         },
         bytes(14),
     )
-    with pytest.raises(CheckpointError) as err:
+    with pytest.raises(CheckpointError) as err:  # integer weights are refused by name (integer buffers skipped)
         Checkpoint(tmp_path)
     msg = str(err.value)
-    assert str(file) in msg and "'w'" in msg and dtype_name in msg
+    assert str(file) in msg and "'x.weight'" in msg and dtype_name in msg
 
 
 @pytest.mark.parametrize(
@@ -660,11 +660,11 @@ def test_bin_that_is_not_a_state_dict(tmp_path, obj):
 def test_bin_with_garbage_bytes_or_unsupported_dtype(tmp_path):
     file = tmp_path / "pytorch_model.bin"
     file.write_bytes(b"definitely not a pickle" * 10)
-    with pytest.raises(CheckpointError, match="torch.load") as err:
+    with pytest.raises(CheckpointError, match="not a PyTorch zip archive") as err:
         Checkpoint(tmp_path)
     assert str(file) in str(err.value)
-    torch.save({"m": torch.zeros(3, dtype=torch.int8)}, file)
-    with pytest.raises(CheckpointError, match="'m'") as err:
+    torch.save({"m.weight": torch.zeros(3, dtype=torch.int8)}, file)
+    with pytest.raises(CheckpointError, match="'m.weight'") as err:
         Checkpoint(tmp_path)
     assert str(file) in str(err.value)
 
@@ -835,3 +835,47 @@ def test_block_reads_of_a_64mb_tensor_keep_rss_low(tmp_path):
     grown_kib = int(out.stdout.strip().splitlines()[-1])
     # a whole-tensor read (or a memory map kept resident) would add ~64 MB; 4 MB blocks + float64 copies ~12 MB
     assert grown_kib < 40 * 1024, f"peak RSS grew by {grown_kib} KiB while reading 64 MB in 4 MB blocks"
+
+
+# -- integer tensors and legacy pickles (issue 17) --------------------------------------------------------------
+
+
+@pytest.mark.parametrize("layout", ["safetensors", "bin"])
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int64, torch.int8, torch.uint8, torch.bool])
+def test_integer_weight_is_refused_by_name(tmp_path, layout, dtype):
+    tensors = _tensors(torch.float32)
+    tensors["model.layers.0.mlp.up_proj.weight"] = torch.ones(9, 5).to(dtype)
+    if layout == "safetensors":
+        save_file(tensors, str(tmp_path / "model.safetensors"))
+    else:
+        torch.save(tensors, tmp_path / "pytorch_model.bin")
+    with pytest.raises(CheckpointError, match=r"'model\.layers\.0\.mlp\.up_proj\.weight' is a weight stored as"):
+        Checkpoint(tmp_path)
+
+
+@pytest.mark.parametrize("layout", ["safetensors", "bin"])
+def test_integer_buffers_are_skipped_and_left_out_of_the_fingerprint(tmp_path, layout):
+    floats = _tensors(torch.float32)
+    buffers = {
+        "embeddings.position_ids": torch.arange(12).reshape(1, 12),  # int64, 2-D: a buffer, not a weight
+        "transformer.h.0.attn.bias": torch.ones(1, 1, 4, 4, dtype=torch.bool),  # GPT-Neo's causal mask
+    }
+    for name, state in (("plain", floats), ("buffered", {**floats, **buffers})):
+        (tmp_path / name).mkdir()
+        if layout == "safetensors":
+            save_file(state, str(tmp_path / name / "model.safetensors"))
+        else:
+            torch.save(state, tmp_path / name / "pytorch_model.bin")
+    plain, buffered = Checkpoint(tmp_path / "plain"), Checkpoint(tmp_path / "buffered")
+    assert buffered.names == plain.names
+    assert set(buffered.skipped) == set(buffers) and not plain.skipped
+    assert buffered.fingerprint() == plain.fingerprint()
+
+
+def test_legacy_non_zip_bin_is_refused_with_the_conversion(tmp_path):
+    torch.save(_tensors(torch.float32), tmp_path / "pytorch_model.bin", _use_new_zipfile_serialization=False)
+    with pytest.raises(CheckpointError, match="legacy \\(non-zip\\) PyTorch format.*save_pretrained"):
+        Checkpoint(tmp_path)
+    (tmp_path / "pytorch_model.bin").write_bytes(b"not a pickle at all")
+    with pytest.raises(CheckpointError, match="not a PyTorch zip archive"):
+        Checkpoint(tmp_path)

@@ -26,6 +26,7 @@ from lacuna_metrics.masks import (
     load_masks,
     named_shapes_of,
     save_masks,
+    stamp_masks,
     trivial_mask_stats,
 )
 
@@ -725,3 +726,90 @@ def test_storage_is_the_narrowest_bit_field(tmp_path, num_groups, stored):
     reader = MaskReader(path)
     assert torch.equal(reader.read("w", (4,), 0, 4).to(torch.int32), packed)
     assert (reader.read("w", (4,), 0, 4) & reader.forget_bits).ne(0).tolist() == [False, True, num_groups == 1, False]
+
+
+# -- masks tied to their model (issue 17) ------------------------------------------------------------------------
+
+FP_A = "sha256:" + "a" * 64
+FP_B = "sha256:" + "b" * 64
+
+
+def _small_masks() -> MaskSet:
+    shapes = {"model.layers.0.self_attn.q_proj.weight": (8, 8), "model.layers.0.mlp.up_proj.weight": (16, 8)}
+    return build_masks(shapes, 1, skip_last=0, budget=0.1, seed=3)
+
+
+def test_model_fingerprint_round_trips_and_is_reserved(tmp_path):
+    masks = _small_masks()
+    save_masks(masks, tmp_path / "m.safetensors", model_fingerprint=FP_A)
+    loaded = load_masks(tmp_path / "m.safetensors")
+    assert loaded.model_fingerprint == FP_A and "model_fingerprint" not in loaded.extra
+    assert MaskReader(tmp_path / "m.safetensors").model_fingerprint == FP_A
+    save_masks(masks, tmp_path / "plain.safetensors")
+    assert load_masks(tmp_path / "plain.safetensors").model_fingerprint is None
+    assert MaskReader(tmp_path / "plain.safetensors").model_fingerprint is None
+    with pytest.raises(MaskError, match="not 'sha256:'"):
+        save_masks(masks, tmp_path / "bad.safetensors", model_fingerprint="md5:1234")
+    assert not (tmp_path / "bad.safetensors").exists()
+
+
+def test_stamp_masks_rewrites_only_the_header_atomically(tmp_path):
+    path = save_masks(_small_masks(), tmp_path / "m.safetensors")
+    os.chmod(path, 0o640)
+    before = load_masks(path)
+    stamp_masks(path, FP_A)
+    after = load_masks(path)
+    assert after.model_fingerprint == FP_A
+    assert list(after.packed) == list(before.packed)
+    assert all(torch.equal(after.packed[n], before.packed[n]) for n in before.packed)
+    assert (after.budget, after.seed, after.extra) == (before.budget, before.seed, before.extra)
+    assert os.stat(path).st_mode & 0o777 == 0o640
+    stamp_masks(path, FP_B)  # restamping replaces
+    assert MaskReader(path).model_fingerprint == FP_B
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.safetensors"]  # no temp file left
+    with safe_open(str(path), framework="pt") as fh:  # still a valid safetensors file for the Rust reader
+        assert fh.metadata()["model_fingerprint"] == FP_B
+
+
+def test_stamp_masks_refuses_foreign_files(tmp_path):
+    save_file({"w": torch.zeros(2)}, str(tmp_path / "model.safetensors"))
+    with pytest.raises(MaskError, match="not a lacuna-bench-masks file"):
+        stamp_masks(tmp_path / "model.safetensors", FP_A)
+    torch.save({"w": torch.zeros(2, dtype=torch.int32)}, tmp_path / "mask.pt")
+    with pytest.raises(MaskError, match="mask.pt cannot be stamped"):
+        stamp_masks(tmp_path / "mask.pt", FP_A)
+    with pytest.raises(MaskError, match="not 'sha256:'"):
+        stamp_masks(tmp_path / "model.safetensors", "sha256:xyz")
+
+
+@pytest.mark.parametrize("num_groups", [6, 10])
+def test_reader_verify_gives_the_file_fingerprint(tmp_path, num_groups):
+    from lacuna_metrics.checkpoints import file_fingerprint
+
+    shapes = {"model.layers.0.self_attn.q_proj.weight": (8, 8), "model.layers.0.mlp.up_proj.weight": (16, 8)}
+    masks = build_masks(shapes, 1, skip_last=0, budget=0.05, seed=3, num_groups=num_groups)
+    path = save_masks(masks, tmp_path / "m.safetensors", model_fingerprint=FP_A)
+    assert MaskReader(path).verify() == file_fingerprint(path)
+    if num_groups == 6:  # a mask.pt is read as LACUNA's six groups
+        torch.save({n: t.reshape(-1) for n, t in masks.packed.items()}, tmp_path / "mask.pt")
+        assert MaskReader(tmp_path / "mask.pt").verify() == file_fingerprint(tmp_path / "mask.pt")
+
+
+@pytest.mark.parametrize(("value", "bit"), [(1 << 6, 6), (1 << 7, 7), (0b1100_0001, 7)])
+def test_reader_verify_refuses_bits_beyond_num_groups(tmp_path, value, bit):
+    masks = _small_masks()
+    masks.packed["model.layers.0.mlp.up_proj.weight"].view(-1)[5] = value
+    path = save_masks(masks, tmp_path / "m.safetensors")
+    with pytest.raises(MaskError, match=rf"'model\.layers\.0\.mlp\.up_proj\.weight' sets bit {bit}, .*num_groups=6"):
+        MaskReader(path).verify()
+    torch.save({n: t.reshape(-1) for n, t in masks.packed.items()}, tmp_path / "mask.pt")
+    with pytest.raises(MaskError, match=rf"sets bit {bit}"):
+        MaskReader(tmp_path / "mask.pt").verify()
+
+
+def test_reader_refuses_overlapping_groups(tmp_path):
+    path = save_masks(_small_masks(), tmp_path / "m.safetensors")
+    with pytest.raises(MaskError, match="overlap"):
+        MaskReader(path, forget_groups=(0, 2), retain_groups=(2, 3))
+    with pytest.raises(MaskError, match=r"not a group index in \[0, 6\)"):
+        MaskReader(path, forget_groups=(0, 7))
