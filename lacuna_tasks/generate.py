@@ -5,7 +5,8 @@ builds forget / retain / paraphrased / validation / relearn QA splits from the f
 memorized. PANORAMA itself is too large to bundle and needs network access, so this module
 re-creates it (spec §2): Faker profiles in the 8 English locales with the 35 PANORAMA columns and
 the same formats for the four target fields (email, phone, birth city, driver's license), plus
-LACUNA's ``group_id`` and the held-out ``qa_tuning`` role.
+LACUNA's ``group_id`` and the held-out ``qa_tuning`` role. On request the split builder also holds out
+``retain_eval`` people, memorized but in no unlearning input (not in LACUNA; ``docs/tasks.md``).
 
 Everything is deterministic for a seed and a Faker version: one seeded ``Faker(locale)`` per
 locale, ``random.Random`` streams derived with SHA-256 (``prompts.stable_seed``), never ``hash()``
@@ -42,6 +43,7 @@ from lacuna_tasks.schema import (
     get_field,
     validate_rows,
 )
+from lacuna_tasks.validate import RETAIN_EVAL_SPLITS
 
 GENERATOR_NAME = "lacuna_tasks.generate"
 #: Bump when the generated content changes for the same seed and Faker version.
@@ -715,8 +717,9 @@ def build_splits(
     people_per_field: int | None = None,
     validation_people: int | None = None,
     memorized: Mapping[tuple[str, str], Sequence[str]] | None = None,
+    retain_eval_people: int = 0,
 ) -> dict[str, list[dict[str, Any]]]:
-    """LACUNA's forget / retain / paraphrased / validation / relearn splits (spec §1.7).
+    """LACUNA's forget / retain / paraphrased / validation / relearn splits (spec §1.7), plus held-out retain-eval.
 
     Only ``role == "target"`` people take part. A person is eligible for a field iff it has >= 2
     distinct ``memorized`` questions for it (keys ``(Unique ID, field key)``); without
@@ -732,8 +735,14 @@ def build_splits(
     ``validation`` (Email Address and Driver's License only): ``validation_people`` further people
     per side (default ``min(100, available // 2)``, so relearn keeps people too), one question each,
     disjoint from every main split.
-    ``relearn``: every memorized question of people in no main or validation split of any field
-    (LACUNA's held-out relearning data, spec §1.11). Raises ValueError if a split would be empty.
+    ``retain_eval`` / ``retain_eval_paraphrased`` (not in LACUNA; ``docs/tasks.md``): ``retain_eval_people``
+    held-out people per field, drawn after the main splits from the retain groups only (the count is per
+    field and one-sided, unlike the per-side counts above), memorized like the retain people but in no
+    main split of any field, so no unlearning loss ever trains on them: retain accuracy measured on them
+    can fail. Questions as for ``retain``. The default 0 adds neither split (the output, and so every
+    fingerprint, stays what it was); validation and relearn people are then drawn from the rest.
+    ``relearn``: every memorized question of people in no main, retain-eval or validation split of any
+    field (LACUNA's held-out relearning data, spec §1.11). Raises ValueError if a split would be empty.
     """
     all_ids: set[str] = set()
     people: dict[str, Mapping[str, Any]] = {}
@@ -751,6 +760,8 @@ def build_splits(
     for name, value in (("people_per_field", people_per_field), ("validation_people", validation_people)):
         if value is not None and value < 1:
             raise ValueError(f"{name} must be >= 1 or None, got {value}")
+    if isinstance(retain_eval_people, bool) or not isinstance(retain_eval_people, int) or retain_eval_people < 0:
+        raise ValueError(f"retain_eval_people must be an integer >= 0, got {retain_eval_people!r}")
 
     # Questions per (person, field): the memorized ones, or 2 generated ones per non-N/A value.
     questions: dict[tuple[str, str], list[str]]
@@ -810,22 +821,42 @@ def build_splits(
                 main_people[key].add(pid)
 
     in_any_main = set().union(*main_people.values())
+    in_retain_eval: set[str] = set()
+    if retain_eval_people:
+        for split in RETAIN_EVAL_SPLITS:
+            splits[split] = []
+        for key, field in FIELDS.items():  # same order and preference as the main splits: people recur across fields
+            pool = ranked(eligible[key] - in_any_main, all_four, "retain")
+            if retain_eval_people > len(pool):
+                raise ValueError(
+                    f"field {field.column!r}: retain_eval_people={retain_eval_people} but only {len(pool)} eligible "
+                    f"retain people (groups {RETAIN_GROUPS}) are outside the main splits; lower people_per_field "
+                    "or retain_eval_people"
+                )
+            for pid in pool[:retain_eval_people]:
+                first, second = pick(pid, key, 2)
+                splits[RETAIN_EVAL_SPLITS[0]].append(_row(people[pid], key, first))
+                splits[RETAIN_EVAL_SPLITS[1]].append(_row(people[pid], key, second))
+                in_retain_eval.add(pid)
+
+    held_out = in_any_main | in_retain_eval
     validation_eligible = set.intersection(*(eligible[k] for k in VALIDATION_FIELDS))
-    used = set(in_any_main)
+    used = set(held_out)
     for key in VALIDATION_FIELDS:
         column = FIELDS[key].column
-        sides = {side: ranked(eligible[key] - in_any_main, validation_eligible, side) for side in ("forget", "retain")}
+        sides = {side: ranked(eligible[key] - held_out, validation_eligible, side) for side in ("forget", "retain")}
         available = min(len(v) for v in sides.values())
         count = validation_people if validation_people is not None else min(DEFAULT_MAX_PEOPLE, available // 2)
         if count == 0:
             raise ValueError(
-                f"field {column!r}: split 'validation' would be empty: no eligible people outside the main splits "
-                f"({len(sides['forget'])} forget, {len(sides['retain'])} retain); lower people_per_field"
+                f"field {column!r}: split 'validation' would be empty: no eligible people outside the main and "
+                f"retain-eval splits ({len(sides['forget'])} forget, {len(sides['retain'])} retain); lower "
+                "people_per_field or retain_eval_people"
             )
         if count > available:
             raise ValueError(
                 f"field {column!r}: validation_people={count} but only {len(sides['forget'])} forget and "
-                f"{len(sides['retain'])} retain eligible people are outside the main splits"
+                f"{len(sides['retain'])} retain eligible people are outside the main and retain-eval splits"
             )
         for side in ("forget", "retain"):
             for pid in sides[side][:count]:
@@ -839,7 +870,7 @@ def build_splits(
     if not splits["relearn"]:
         raise ValueError(
             "split 'relearn' would be empty for every field: all people with memorized questions are used by the "
-            "main or validation splits; lower people_per_field or validation_people"
+            "main, retain-eval or validation splits; lower people_per_field, retain_eval_people or validation_people"
         )
     return splits
 
@@ -873,6 +904,23 @@ def _faker_version() -> str:
         return "unknown"
 
 
+def dataset_splits(splits: Mapping[str, Any]) -> tuple[str, ...]:
+    """The split names to write: every LACUNA split, plus both retain-eval splits or neither (ValueError otherwise)."""
+    eval_present = [s for s in RETAIN_EVAL_SPLITS if s in splits]
+    allowed = (*SPLITS, *RETAIN_EVAL_SPLITS)
+    missing = [s for s in SPLITS if s not in splits]
+    extra = [s for s in splits if s not in allowed]
+    if missing or extra:
+        raise ValueError(
+            f"splits must be exactly {list(SPLITS)} (optionally with {list(RETAIN_EVAL_SPLITS)}); "
+            f"missing {missing}, unexpected {extra}"
+        )
+    if eval_present and len(eval_present) != len(RETAIN_EVAL_SPLITS):
+        absent = [s for s in RETAIN_EVAL_SPLITS if s not in splits]
+        raise ValueError(f"splits give {eval_present} without {absent}: the retain-eval splits come together")
+    return (*SPLITS, *eval_present)
+
+
 def write_dataset(
     out_dir: str | os.PathLike[str],
     profiles: Sequence[Mapping[str, Any]],
@@ -881,6 +929,8 @@ def write_dataset(
     manifest: Mapping[str, Any] | None = None,
 ) -> Path:
     """Write ``profiles.jsonl``, one ``<split>.jsonl`` per split and ``manifest.json`` into ``out_dir``.
+
+    The splits are LACUNA's six, plus ``retain_eval`` and ``retain_eval_paraphrased`` when given (both or neither).
 
     Rows are validated first (a bad row must not become a silent score of 0 later). Each file is
     written atomically; the manifest comes last, so its fingerprint only ever describes complete
@@ -895,11 +945,8 @@ def write_dataset(
             f"refusing to write a dataset into {out}: the directory is not empty and holds no manifest.json "
             "(not a previous LACUNA dataset); choose an empty or new directory"
         )
-    missing = [s for s in SPLITS if s not in splits]
-    extra = [s for s in splits if s not in SPLITS]
-    if missing or extra:
-        raise ValueError(f"splits must be exactly {list(SPLITS)}; missing {missing}, unexpected {extra}")
-    clean = {s: validate_rows(splits[s], source=str(out), split=s) for s in SPLITS}
+    names = dataset_splits(splits)
+    clean = {s: validate_rows(splits[s], source=str(out), split=s) for s in names}
     out.mkdir(parents=True, exist_ok=True)
 
     profile_columns = PROFILE_COLUMNS if all(c in p for p in profiles for c in PROFILE_COLUMNS) else None
@@ -910,7 +957,7 @@ def write_dataset(
     files: dict[str, dict[str, Any]] = {}
     _atomic_write(out / "profiles.jsonl", profile_bytes)
     files["profiles.jsonl"] = {"bytes": len(profile_bytes), "sha256": hashlib.sha256(profile_bytes).hexdigest()}
-    for split in SPLITS:
+    for split in names:
         data = _jsonl_bytes(clean[split], QA_COLUMNS)
         _atomic_write(out / f"{split}.jsonl", data)
         files[f"{split}.jsonl"] = {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
@@ -939,7 +986,7 @@ def write_dataset(
             "files": files,
             # One fingerprint for the whole project: the loader's (canonical JSON, format independent),
             # the same value every evaluation result records.
-            "fingerprint": loader_fingerprint({s: [{c: r[c] for c in QA_COLUMNS} for r in clean[s]] for s in SPLITS}),
+            "fingerprint": loader_fingerprint({s: [{c: r[c] for c in QA_COLUMNS} for r in clean[s]] for s in names}),
         }
     )
     content.setdefault("seed", None)
@@ -954,16 +1001,28 @@ def generate_dataset(
     seed: int = 42,
     people_per_field: int | None = 100,
     validation_people: int | None = 100,
+    retain_eval_people: int = 0,
 ) -> Path:
     """Generate profiles, build the splits and write the dataset (``lacuna data generate``)."""
     rows = generate_profiles(profiles, seed=seed)
-    splits = build_splits(rows, seed=seed, people_per_field=people_per_field, validation_people=validation_people)
+    splits = build_splits(
+        rows,
+        seed=seed,
+        people_per_field=people_per_field,
+        validation_people=validation_people,
+        retain_eval_people=retain_eval_people,
+    )
+    parameters: dict[str, Any] = {
+        "profiles": profiles,
+        "people_per_field": people_per_field,
+        "validation_people": validation_people,
+    }
+    if retain_eval_people:  # recorded only when used: the manifests of existing datasets stay as they were
+        parameters["retain_eval_people"] = retain_eval_people
     manifest = {
         "seed": seed,
         "parameters": {
-            "profiles": profiles,
-            "people_per_field": people_per_field,
-            "validation_people": validation_people,
+            **parameters,
             "locales": list(LOCALES),
             "reference_date": REFERENCE_DATE.isoformat(),
             "qa_tuning_portion": QA_TUNING_PORTION,

@@ -22,7 +22,8 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from functools import lru_cache
 from typing import Any
 
@@ -47,6 +48,9 @@ from lacuna_tasks.schema import LacunaDataError, get_field
 KINDS = ("qa", "paraphrase", "icr", "worstcase", "memorization", "extraction")
 EXTRACTION_ATTEMPTS = 200  #: LACUNA's attempts per person (spec §1.11)
 SIDES = ("forget", "retain")
+#: LACUNA's second question per person (a different multi-sentence prompt for the same fact, spec §1.7), on which
+#: the memorization metrics are also reported (spec §1.9); a task reads them with ``side: forget_paraphrased``.
+PARAPHRASED_SPLITS = ("forget_paraphrased", "retain_paraphrased")
 ICR_EXAMPLES = 3
 
 # --------------------------------------------------------------------------- documents
@@ -69,14 +73,17 @@ def build_docs(
     seed: int = 0,
 ) -> list[dict[str, Any]]:
     """The probe documents of one task, sorted by person then probe (``attempts``/``seed``: extraction only)."""
-    if side not in SIDES:
-        raise LacunaDataError(f"unknown side {side!r}; expected one of {SIDES}")
+    if side not in SIDES + PARAPHRASED_SPLITS:
+        raise LacunaDataError(f"unknown side {side!r}; expected one of {SIDES + PARAPHRASED_SPLITS}")
     if kind not in KINDS:
         raise LacunaDataError(f"unknown task kind {kind!r}; expected one of {KINDS}")
+    if side in PARAPHRASED_SPLITS and kind not in ("qa", "memorization"):
+        raise LacunaDataError(f"split {side!r} holds one question per person: kind qa or memorization, not {kind!r}")
     if kind == "worstcase" and side != "forget":
         raise LacunaDataError("the worst-case task is defined for the forget side only (retention is averaged)")
     fld = get_field(field)
-    rows = sorted(data.rows(side, fld.key), key=lambda r: (r["ID"], r["question"]))
+    split, side = side, side.removesuffix("_paraphrased")  # the split read; the role it plays (forget/retain)
+    rows = sorted(data.rows(split, fld.key), key=lambda r: (r["ID"], r["question"]))
     if kind == "extraction":
         return _extraction_docs(data, rows, fld.key, side, attempts, seed)
     settings = {"paraphrase": ("plain",), "icr": ("icr",), "worstcase": ("plain", "icr")}.get(kind)
@@ -90,6 +97,7 @@ def build_docs(
             "group_id": row["group_id"],
             "kind": kind,
             "side": side,
+            "split": split,
             "question": row["question"],
         }
         if kind == "memorization":  # teacher-forced: lm-eval moves the space of "A: " into the answer
@@ -143,19 +151,52 @@ def _extraction_docs(
 
 
 def load_docs(field: str, side: str, kind: str, **metadata: Any):
-    """``custom_dataset`` entry point: the docs as a one-split ``DatasetDict`` with provenance."""
+    """``custom_dataset`` entry point: the docs as a one-split ``DatasetDict`` with provenance.
+
+    Under the ``lm_eval`` command, bad data ends the run with one line naming the file, split, row and column
+    (exit 2) instead of lm-eval's traceback through its task loader; called from Python (``lacuna run``,
+    ``lacuna_tasks.evaluate``) the :class:`LacunaDataError` propagates to the caller as usual.
+    """
     import datasets
 
-    data = load_data(resolve_source(metadata))
-    extra = {}
-    if kind == "extraction":
-        extra = {
-            "attempts": metadata.get("extraction_attempts", EXTRACTION_ATTEMPTS),
-            "seed": metadata.get("extraction_seed", 0),
-        }
-    docs = build_docs(data, field=field, side=side, kind=kind, **extra)
+    with data_errors_in_one_line():
+        data = load_data(resolve_source(metadata))
+        extra = {}
+        if kind == "extraction":
+            extra = {
+                "attempts": metadata.get("extraction_attempts", EXTRACTION_ATTEMPTS),
+                "seed": metadata.get("extraction_seed", 0),
+            }
+        docs = build_docs(data, field=field, side=side, kind=kind, **extra)
     info = datasets.DatasetInfo(description=json.dumps({"lacuna_data": data.provenance()}))
     return datasets.DatasetDict({"test": datasets.Dataset.from_list(docs, info=info)})
+
+
+@contextmanager
+def data_errors_in_one_line() -> Iterator[None]:
+    """Around a ``custom_dataset`` function: under the ``lm_eval`` command a :class:`LacunaDataError` becomes one
+    line on stderr and exit status 2 (lm-eval would print a traceback through its task loader); elsewhere it
+    propagates unchanged."""
+    try:
+        yield
+    except LacunaDataError as exc:
+        if not _under_lm_eval_cli():
+            raise
+        import sys
+
+        print(f"lm_eval: error: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
+
+
+def _under_lm_eval_cli() -> bool:
+    """True when this process is the ``lm_eval`` / ``lm-eval`` command (or ``python -m lm_eval``)."""
+    import sys
+    from pathlib import Path
+
+    if not sys.argv or not sys.argv[0]:
+        return False
+    script = Path(sys.argv[0])
+    return script.name in ("lm_eval", "lm-eval") or (script.name == "__main__.py" and script.parent.name == "lm_eval")
 
 
 # --------------------------------------------------------------------------- scoring
@@ -189,15 +230,20 @@ def process_generation(doc: Mapping[str, Any], results: Sequence[str]) -> dict[s
     return out
 
 
-def per_person_any(items: Iterable[tuple[str, bool | None]]) -> float:
-    """Share of persons with at least one leaking probe (None = probe not part of this metric)."""
+def per_person_any(items: Iterable[tuple[str, bool | None]]) -> float | None:
+    """Share of persons with at least one leaking probe (None = probe not part of this metric).
+
+    None (JSON ``null``) when no document observed the metric, e.g. ``j_icr`` of the worst-case task under
+    ``--limit 4``, whose first documents are all plain probes: "not measured", as ``lacuna gate`` reads a missing
+    metric, instead of a NaN that is not JSON and turns every mean it enters into NaN (docs/tasks.md).
+    """
     leaked: dict[str, bool] = {}
     for person, hit in items:
         if hit is None:
             continue
         leaked[person] = leaked.get(person, False) or bool(hit)
     if not leaked:
-        return math.nan
+        return None
     return sum(leaked.values()) / len(leaked)
 
 

@@ -9,6 +9,10 @@ A source is one of:
 * a ``datasets`` dataset saved with ``save_to_disk`` in the released LACUNA layout (split names as
   in :data:`~lacuna_tasks.schema.SPLITS`).
 
+Besides LACUNA's splits, a source may hold the held-out ``retain_eval`` / ``retain_eval_paraphrased``
+splits (:data:`~lacuna_tasks.validate.RETAIN_EVAL_SPLITS`); older data lacks them, and
+:meth:`LacunaData.has_split` lets a task skip instead of failing.
+
 The source is chosen per run: lm-eval ``--metadata '{"lacuna_data": "DIR"}'``, else the environment
 variable ``LACUNA_DATA``, else the bundled default. Every load carries a content fingerprint
 (SHA-256 over the canonical JSON of all splits), recorded in each result.
@@ -30,12 +34,14 @@ from pathlib import Path
 from typing import Any
 
 from lacuna_tasks.schema import SPLITS, LacunaDataError, get_field, validate_rows
-from lacuna_tasks.validate import index_profiles, validate_dataset
+from lacuna_tasks.validate import RETAIN_EVAL_SPLITS, index_profiles, validate_dataset
 
 ENV_VAR = "LACUNA_DATA"
 METADATA_KEY = "lacuna_data"
 BUNDLED_DIR = Path(__file__).parent / "data" / "default"
 BUNDLED_NAME = "bundled:default"
+#: Every split name a source may hold: LACUNA's, then the optional held-out retain-eval splits.
+KNOWN_SPLITS: tuple[str, ...] = (*SPLITS, *RETAIN_EVAL_SPLITS)
 
 _CACHE: dict[tuple, LacunaData] = {}
 
@@ -67,6 +73,10 @@ class LacunaData:
         elif not rows:
             raise LacunaDataError(f"{self.source}: split {split!r} ({self.files.get(split, split)}) is empty")
         return rows
+
+    def has_split(self, split: str) -> bool:
+        """Whether the source holds ``split`` (the optional retain-eval splits are absent from older data)."""
+        return split in self.splits
 
     def provenance(self) -> dict[str, str]:
         return {"source": self.source, "fingerprint": self.fingerprint}
@@ -101,7 +111,7 @@ def load_data(source: str | os.PathLike | None = None) -> LacunaData:
 
 def _split_files(path: Path) -> dict[str, Path]:
     found: dict[str, Path] = {}
-    for split in SPLITS:
+    for split in KNOWN_SPLITS:
         for suffix in (".jsonl", ".parquet"):
             candidate = path / f"{split}{suffix}"
             if candidate.is_file():
@@ -124,13 +134,13 @@ def _load_dir(path: Path, display: str) -> LacunaData:
         except Exception as exc:
             raise LacunaDataError(f"{path}: not a readable datasets DatasetDict ({exc})") from exc
         for split in dd:
-            if split in SPLITS:
+            if split in KNOWN_SPLITS:
                 splits[split] = validate_rows(dd[split].to_list(), source=str(path / split), split=split)
                 files[split] = path / split
     if not splits:
         raise LacunaDataError(
             f"{path}: no LACUNA splits found; expected files named <split>.jsonl or <split>.parquet "
-            f"for splits {list(SPLITS)}, or a datasets DatasetDict saved with save_to_disk"
+            f"for splits {list(KNOWN_SPLITS)}, or a datasets DatasetDict saved with save_to_disk"
         )
     profiles = None
     profiles_file = None

@@ -5,8 +5,8 @@ rows say about each other: the relations :func:`lacuna_tasks.generate.build_spli
 released LACUNA datasets follow (the split invariants are also pinned by ``tests/test_generate.py``):
 
 * keys: ``profiles`` has one row per ``Unique ID``; ``forget``, ``retain``, ``forget_paraphrased``,
-  ``retain_paraphrased`` and ``validation`` have one row per (ID, field); ``relearn`` (several
-  memorized questions per person) one row per (ID, field, question);
+  ``retain_paraphrased``, ``retain_eval``, ``retain_eval_paraphrased`` and ``validation`` have one row
+  per (ID, field); ``relearn`` (several memorized questions per person) one row per (ID, field, question);
 * one ID is one person in every split: the same name (the ``"First Last, ..."`` prefix of the
   question), the same ``group_id``, and per field the same answer;
 * with a profiles table: every ID has a profile, the question names that profile's person, the
@@ -14,9 +14,10 @@ released LACUNA datasets follow (the split invariants are also pinned by ``tests
   about a held-out QA-tuning person (``role == "qa_tuning"``);
 * sides: a person's group decides whether it is forgotten or retained, so a person (and a group) is
   either on the forget side (``forget``, ``forget_paraphrased``) or on the retain side (``retain``,
-  ``retain_paraphrased``), never on both;
-* held-out people: ``validation`` people are in no main split; ``relearn`` people are in no main and
-  no validation split.
+  ``retain_paraphrased``, ``retain_eval``, ``retain_eval_paraphrased``), never on both;
+* held-out people: ``retain_eval`` people (optional splits, held out from every unlearning input; see
+  ``docs/tasks.md``) are in no main split; ``validation`` people are in no main and no retain-eval
+  split; ``relearn`` people are in no main, retain-eval or validation split.
 
 A duplicated ID would otherwise evaluate silently: per-person aggregates would pool two people and
 the probes would ask about one person while checking for the other's fact. Every violation raises a
@@ -40,16 +41,21 @@ ROLE_QA_TUNING = "qa_tuning"  #: held-out instruction-tuning people; in no split
 MULTI_ROW_KEYS: dict[str, tuple[str, ...]] = {"relearn": ("ID", "field", "question")}
 PERSON_FIELD_KEY: tuple[str, ...] = ("ID", "field")
 
+#: Optional held-out retain-side splits (``build_splits(retain_eval_people=N)``): people memorized like the retain
+#: people but in no unlearning input, so retain accuracy measured on them can fail. Absent from older data.
+RETAIN_EVAL_SPLITS: tuple[str, ...] = ("retain_eval", "retain_eval_paraphrased")
+#: The main splits: what unlearning trains on (forget / retain rows) and their paraphrased twins.
+MAIN_SPLITS: tuple[str, ...] = ("forget", "forget_paraphrased", "retain", "retain_paraphrased")
 #: The forget side and the retain side: a person (and its group) belongs to exactly one.
 SIDE_SPLITS: dict[str, tuple[str, ...]] = {
     "forget": ("forget", "forget_paraphrased"),
-    "retain": ("retain", "retain_paraphrased"),
+    "retain": ("retain", "retain_paraphrased", *RETAIN_EVAL_SPLITS),
 }
-MAIN_SPLITS: tuple[str, ...] = SIDE_SPLITS["forget"] + SIDE_SPLITS["retain"]
-#: Splits whose people must not appear in the listed splits.
+#: Splits whose people must not appear in the listed splits (together: disjoint by person, pairwise).
 HELD_OUT: dict[str, tuple[str, ...]] = {
-    "validation": MAIN_SPLITS,
-    "relearn": (*MAIN_SPLITS, "validation"),
+    **{split: MAIN_SPLITS for split in RETAIN_EVAL_SPLITS},
+    "validation": (*MAIN_SPLITS, *RETAIN_EVAL_SPLITS),
+    "relearn": (*MAIN_SPLITS, *RETAIN_EVAL_SPLITS, "validation"),
 }
 
 
@@ -78,7 +84,7 @@ def validate_dataset(
     profiles_source: str = "profiles",
 ) -> None:
     """Check the relations above across all splits (rows already checked by ``validate_rows``)."""
-    order = [s for s in (*MAIN_SPLITS, "validation", "relearn") if s in splits]
+    order = [s for s in (*MAIN_SPLITS, *RETAIN_EVAL_SPLITS, "validation", "relearn") if s in splits]
     order += [s for s in splits if s not in order]
 
     def at(split: str, i: int, *, short: bool = False) -> str:
@@ -165,7 +171,8 @@ def validate_dataset(
                 f"({at(s0, i0, short=True)}); forget and retain groups must be disjoint"
             )
 
-    # 5. Held-out people: validation outside the main splits, relearn outside main and validation.
+    # 5. Held-out people: retain-eval outside the main splits, validation outside main and retain-eval, relearn
+    #    outside all of them.
     for split, excluded in HELD_OUT.items():
         if split not in splits:
             continue

@@ -6,6 +6,7 @@ relearning protocols, overridden on the command line as in OpenUnlearning::
 
     lacuna-unlearn experiment=mini method=simnpo testbed=runs/mini field=email \\
         output_dir=runs/mini/unlearn/simnpo_email method.args.beta=3 trainer.args.learning_rate=1e-5
+    lacuna-unlearn method=grad_diff testbed=runs/mini field=email retain_field=crossfield output_dir=...
     lacuna-unlearn method=grad_diff lora.enabled=true lora.r=16 testbed=runs/mini output_dir=...
     lacuna-unlearn attack=relearn source=forget budget=forget testbed=runs/mini \\
         model=runs/mini/unlearn/simnpo_email output_dir=runs/mini/relearn/simnpo_email
@@ -30,7 +31,7 @@ def run(cfg: Any) -> Path:
     from lacuna_unlearn.lora import LoraSettings
     from lacuna_unlearn.methods import make_method
     from lacuna_unlearn.trainer import TrainConfig, unlearn
-    from lacuna_unlearn.unlearn_data import split_rows
+    from lacuna_unlearn.unlearn_data import unlearning_rows
 
     attack = cfg.get("attack")
     testbed = Path(cfg.testbed) if cfg.testbed else None
@@ -41,9 +42,15 @@ def run(cfg: Any) -> Path:
     if model is None or data_source is None:
         raise ValueError("give testbed=DIR, or model=CHECKPOINT and data=DATA")
     data = load_data(data_source)
-    forget_rows = split_rows(data, cfg.forget_split, cfg.field)
-    retain_rows = split_rows(data, cfg.retain_split, cfg.field)
+    forget_rows, retain_rows, retain_from = unlearning_rows(
+        data,
+        field=cfg.field,
+        retain_field=cfg.get("retain_field", "same"),
+        forget_split=cfg.forget_split,
+        retain_split=cfg.retain_split,
+    )
     resolved_cfg = OmegaConf.to_container(cfg, resolve=True)
+    resolved_cfg["retain_from"] = [{"split": split, "field": fld} for split, fld in retain_from]  # into the manifest
     method_args = OmegaConf.to_container(cfg.method.args, resolve=True)
     lora_cfg = OmegaConf.to_container(cfg.lora, resolve=True) if cfg.get("lora") else {}
     lora = LoraSettings(**{k: v for k, v in lora_cfg.items() if k != "enabled"}) if lora_cfg.get("enabled") else None
@@ -105,7 +112,9 @@ def run(cfg: Any) -> Path:
 
 
 #: ``trainer.args`` that count things (the others that default to numbers accept any number).
-_INTEGER_ARGS = frozenset({"per_device_train_batch_size", "gradient_accumulation_steps", "max_steps", "max_length"})
+_INTEGER_ARGS = frozenset(
+    {"per_device_train_batch_size", "gradient_accumulation_steps", "max_steps", "max_length", "snapshots"}
+)
 
 
 def preflight(cfg: Any) -> None:
@@ -133,6 +142,22 @@ def preflight(cfg: Any) -> None:
             raise FileNotFoundError(f"{key}={value}: no such file or directory (only local paths are read)")
     if cfg.get("testbed") and not (Path(str(cfg.testbed)) / "manifest.json").is_file():
         raise ValueError(f"testbed={cfg.testbed}: not a testbed (no manifest.json)")
+    seed = cfg.get("seed")
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise ValueError(f"seed={seed!r}: expected an integer")
+    from lacuna_tasks.schema import FIELDS
+
+    if cfg.get("field") != "all" and cfg.get("field") not in FIELDS:
+        raise ValueError(f"field={cfg.get('field')!r}: choose from {sorted(FIELDS)} or 'all'")
+    _check_typed("method.args", OmegaConf.to_container(cfg.method.args, resolve=True), _method_defaults(cfg))
+    if cfg.get("lora"):
+        lora = OmegaConf.to_container(cfg.lora, resolve=True)
+        _check_typed("lora", {k: v for k, v in lora.items() if k in ("r", "lora_alpha", "lora_dropout", "enabled")},
+                     {"r": 8, "lora_alpha": 16, "lora_dropout": 0.0, "enabled": False})  # fmt: skip
+    if cfg.get("attack"):
+        from lacuna_unlearn.attacks import check_attack_settings
+
+        check_attack_settings(cfg)
     args = OmegaConf.to_container(cfg.trainer.args, resolve=True)
     # Types from the shipped trainer defaults (no transformers import: that alone takes seconds).
     defaults = OmegaConf.to_container(OmegaConf.load(Path(__file__).with_name("configs") / "trainer" / "default.yaml"))
@@ -159,6 +184,40 @@ def preflight(cfg: Any) -> None:
         if not ok:
             kind = "true or false" if isinstance(default, bool) else f"a number ({type(default).__name__})"
             raise ValueError(f"trainer.args.{key}={value!r}: expected {kind}")
+    # Last: the data selection's keys (lacuna_unlearn.unlearn_data imports torch, which run() needs next anyway).
+    from lacuna_unlearn.unlearn_data import check_unlearning_splits, validate_retain_field
+
+    validate_retain_field(cfg.get("retain_field", "same"))
+    check_unlearning_splits(forget_split=cfg.get("forget_split"), retain_split=cfg.get("retain_split"))
+
+
+def _method_defaults(cfg: Any) -> dict[str, Any]:
+    """``args`` of the shipped ``configs/method/<name>.yaml`` (global-package files nest them under ``method``)."""
+    from omegaconf import OmegaConf
+
+    file = Path(__file__).with_name("configs") / "method" / f"{cfg.method.get('name')}.yaml"
+    if not file.is_file():
+        return {}
+    shipped = OmegaConf.to_container(OmegaConf.load(file))
+    shipped = shipped.get("method", shipped) if isinstance(shipped, dict) else {}
+    return dict(shipped.get("args") or {})
+
+
+def _check_typed(prefix: str, values: dict[str, Any], defaults: dict[str, Any]) -> None:
+    """A value whose shipped default is a bool must be a bool, one whose default is a number must be a number
+    (an int where the default is an int); keys without a numeric default are left to the method."""
+    for key, value in values.items():
+        default = defaults.get(key)
+        if isinstance(default, bool):
+            ok, kind = isinstance(value, bool), "true or false"
+        elif isinstance(default, int):
+            ok, kind = isinstance(value, int) and not isinstance(value, bool), "an integer"
+        elif isinstance(default, float):
+            ok, kind = isinstance(value, (int, float)) and not isinstance(value, bool), "a number"
+        else:
+            continue
+        if not ok:
+            raise ValueError(f"{prefix}.{key}={value!r}: expected {kind}")
 
 
 #: Training-free methods (closed-form edits, pruning): ``method.name`` -> "module:function". Each function takes

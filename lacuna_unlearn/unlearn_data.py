@@ -16,9 +16,103 @@ import torch
 
 from lacuna_tasks.prompts import probe_prompt
 
-__all__ = ["ForgetRetainDataset", "QADataset", "collate_forget_retain", "encode_qa", "replace_answers", "split_rows"]
+__all__ = [
+    "CROSSFIELD_RETAIN",
+    "RETAIN_FIELD_MODES",
+    "ForgetRetainDataset",
+    "QADataset",
+    "check_unlearning_splits",
+    "collate_forget_retain",
+    "encode_qa",
+    "replace_answers",
+    "retain_sources",
+    "split_rows",
+    "unlearning_rows",
+    "validate_retain_field",
+]
 
 IGNORE_INDEX = -100
+
+#: ``retain_field`` values besides a field key: ``same`` (the forget field's own retain rows) and ``crossfield``.
+RETAIN_FIELD_MODES: tuple[str, ...] = ("same", "crossfield")
+#: LACUNA's cross-field unlearning (spec ``papers.md`` §1.7, ``docs/unlearning.md``): forget field -> (retain field,
+#: whether the retain field's paraphrased rows join too; LACUNA's Email config adds Birth City's paraphrased rows).
+CROSSFIELD_RETAIN: dict[str, tuple[str, bool]] = {
+    "email": ("birth_city", True),
+    "birth_city": ("email", False),
+    "phone": ("birth_city", False),
+    "drivers_license": ("email", False),
+}
+
+
+def validate_retain_field(value: Any) -> str:
+    """``retain_field`` as given, if allowed; ValueError naming the key and the allowed values otherwise."""
+    from lacuna_tasks.schema import FIELDS
+
+    allowed = (*RETAIN_FIELD_MODES, *FIELDS)
+    if not isinstance(value, str) or value not in allowed:
+        raise ValueError(f"retain_field={value!r}: expected one of {', '.join(allowed)}")
+    return value
+
+
+def check_unlearning_splits(**splits: Any) -> None:
+    """Refuse a held-out evaluation split (``retain_eval*``) as an unlearning input; ``splits``: config key -> split."""
+    from lacuna_tasks.validate import RETAIN_EVAL_SPLITS
+
+    for key, split in splits.items():
+        if split in RETAIN_EVAL_SPLITS:
+            raise ValueError(
+                f"{key}={split}: a held-out evaluation split (its people must stay out of every unlearning input); "
+                "use forget / retain"
+            )
+
+
+def retain_sources(data: Any, field: str, retain_field: str, retain_split: str) -> list[tuple[str, str]]:
+    """The (split, field) pairs whose rows make up the retain set of a ``field`` run (``field`` may be ``all``).
+
+    ``same``: ``retain_split`` of the forget field(s); a field key: ``retain_split`` of that field; ``crossfield``:
+    LACUNA's pairing (:data:`CROSSFIELD_RETAIN`) per forget field, the paired field's ``<retain_split>_paraphrased``
+    rows too where LACUNA adds them and the data holds them. Order is stable; no pair twice.
+    """
+    from lacuna_tasks.schema import FIELDS
+
+    validate_retain_field(retain_field)
+    if field != "all" and field not in FIELDS:
+        raise ValueError(f"field={field!r}: choose from {sorted(FIELDS)} or 'all'")
+    forget_fields = list(FIELDS) if field == "all" else [field]
+    if retain_field == "same":
+        return [(retain_split, field)]
+    if retain_field != "crossfield":
+        return [(retain_split, retain_field)]
+    out: list[tuple[str, str]] = []
+    for key in forget_fields:
+        paired, with_paraphrased = CROSSFIELD_RETAIN[key]
+        wanted = [(retain_split, paired)]
+        if with_paraphrased and f"{retain_split}_paraphrased" in data.splits:
+            wanted.append((f"{retain_split}_paraphrased", paired))
+        out.extend(pair for pair in wanted if pair not in out)
+    return out
+
+
+def unlearning_rows(
+    data: Any,
+    *,
+    field: str,
+    retain_field: str = "same",
+    forget_split: str = "forget",
+    retain_split: str = "retain",
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[tuple[str, str]]]:
+    """The forget rows, the retain rows and the retain rows' (split, field) sources of one unlearning run.
+
+    The only place ``lacuna-unlearn`` picks its training rows, so no held-out evaluation row can reach a loss: the
+    ``retain_eval`` splits are refused as inputs, and their people are in no forget or retain row by construction
+    (``lacuna_tasks.validate`` checks it when the data is loaded).
+    """
+    check_unlearning_splits(forget_split=forget_split, retain_split=retain_split)
+    sources = retain_sources(data, field, retain_field, retain_split)
+    forget = split_rows(data, forget_split, field)
+    retain = [row for split, fld in sources for row in split_rows(data, split, fld)]
+    return forget, retain, sources
 
 
 def split_rows(data: Any, split: str, field: str) -> list[dict[str, Any]]:

@@ -285,22 +285,24 @@ def test_task_entry_point_fails_before_building_docs(data_dir):
 
 
 @pytest.mark.slow
-def test_lm_eval_cli_reports_the_data_error(data_dir, tmp_path):
-    """Through the real ``lm_eval`` CLI (dummy model: no weights): non-zero exit, our message in stderr."""
+@pytest.mark.parametrize("task", ["lacuna_email_forget_qa", "lacuna_email_crossfield_qa"])
+def test_lm_eval_cli_reports_the_data_error(data_dir, tmp_path, task):
+    """Through the real ``lm_eval`` CLI (dummy model: no weights): exit 2, our one-line message, no traceback;
+    for the utility tasks (``lacuna_tasks/utility.py``) as for the others."""
     rows = read(data_dir, "forget")
     rows[1]["ID"] = rows[0]["ID"]
     write(data_dir, "forget", rows)
     cmd = [
         str(Path(sys.executable).with_name("lm_eval")), "--model", "dummy",
-        "--tasks", "lacuna_email_forget_qa",
+        "--tasks", task,
         "--metadata", json.dumps({"lacuna_data": str(data_dir)}),
         "--output_path", str(tmp_path / "out"),
     ]  # fmt: skip
     env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1")
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
-    assert proc.returncode != 0
+    assert proc.returncode == 2, proc.stderr[-3000:]
     expected = (
-        f"LacunaDataError: {data_dir.resolve() / 'forget.jsonl'}: split 'forget' row 1: duplicate ID '{rows[0]['ID']}'"
+        f"lm_eval: error: {data_dir.resolve() / 'forget.jsonl'}: split 'forget' row 1: duplicate ID '{rows[0]['ID']}'"
     )
-    assert expected in proc.stderr, proc.stderr[-3000:]
+    assert expected in proc.stderr and "Traceback" not in proc.stderr, proc.stderr[-3000:]
     assert not list((tmp_path / "out").rglob("results_*.json"))

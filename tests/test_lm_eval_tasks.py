@@ -26,7 +26,10 @@ EMAIL_TASKS = {
     "lacuna_email_forget_worstcase": ["j_w", "j_p", "j_icr", "leak_rate"],
     "lacuna_email_forget_memorization": ["em", "es", "prob", "token_mismatch"],
     "lacuna_email_retain_memorization": ["em", "es", "prob", "token_mismatch"],
+    "lacuna_email_crossfield_qa": ["accuracy"],
 }
+#: Tasks of the group that read the retain_eval split, which the session's tiny data (like the bundled data) lacks.
+EMAIL_RETAIN_EVAL_TASKS = ("lacuna_email_retain_eval_qa", "lacuna_email_retain_eval_crossfield_qa")
 
 
 def lm_eval_bin() -> str:
@@ -54,7 +57,12 @@ def run_lm_eval(tiny, out: Path, tasks: str, *extra: str) -> dict:
     for file in results_file.parent.glob("samples_*.jsonl"):
         task = file.name[len("samples_") :].rsplit("_", 1)[0]
         samples[task] = [json.loads(line) for line in file.read_text().splitlines()]
-    return {"results": json.loads(results_file.read_text()), "samples": samples, "stdout": proc.stdout}
+    return {
+        "results": json.loads(results_file.read_text()),
+        "samples": samples,
+        "stdout": proc.stdout,
+        "stderr": proc.stderr,
+    }
 
 
 @pytest.fixture(scope="module")
@@ -70,6 +78,18 @@ def test_bare_cli_resolves_group_and_reports_every_metric(email_run):
             value = results[task][f"{metric},none"]
             assert isinstance(value, float) and not math.isnan(value), (task, metric, value)
     assert "lacuna_email" in email_run["stdout"]
+
+
+def test_retain_eval_tasks_skip_cleanly_without_the_split(email_run, tiny_lacuna):
+    """Data without retain_eval (older testbeds, the bundled data): the group still runs; those tasks report no
+    metric (n-samples effective 0), say why in their metadata and warn."""
+    results, configs = email_run["results"]["results"], email_run["results"]["configs"]
+    for task in EMAIL_RETAIN_EVAL_TASKS:
+        assert not [k for k in results[task] if k.startswith("accuracy")], results[task]
+        assert email_run["results"]["n-samples"][task]["effective"] == 0
+        assert all(s["doc"]["side"] == "skipped" and not s["metrics"] for s in email_run["samples"].get(task, []))
+        assert "has no split 'retain_eval'" in configs[task]["metadata"]["lacuna_skipped"]
+        assert f"{task} skipped: " in email_run["stderr"]
 
 
 def test_leaked_fact_counted_and_clean_fact_not(email_run, tiny_lacuna):
@@ -260,3 +280,50 @@ def test_lacuna_tasks_path_command():
     )
     path = Path(out.stdout.strip())
     assert (path / "lacuna.yaml").is_file() and (path / "lacuna_email_forget_qa.yaml").is_file()
+
+
+# --------------------------------------------------------------------------- utility tasks (retain-eval, cross-field)
+
+
+@pytest.fixture(scope="module")
+def retain_eval_data(tiny_lacuna, tmp_path_factory) -> Path:
+    """The tiny data again, plus 2 retain-eval people per field: the main splits (and so what the tiny model
+    memorized) are the same, since retain-eval people are drawn after them."""
+    from lacuna_tasks.generate import build_splits, generate_profiles, write_dataset
+
+    profiles = generate_profiles(48, seed=7)
+    splits = build_splits(profiles, seed=7, people_per_field=8, validation_people=4, retain_eval_people=2)
+    out = Path(write_dataset(tmp_path_factory.mktemp("retain_eval") / "data", profiles, splits))
+    old = load_data(tiny_lacuna.data_dir)
+    assert all(load_data(out).splits[s] == old.splits[s] for s in ("forget", "retain"))
+    return out
+
+
+def test_utility_tasks_through_the_cli(tiny_lacuna, retain_eval_data, tmp_path):
+    from types import SimpleNamespace
+
+    data = load_data(retain_eval_data)
+    tasks = ["lacuna_email_retain_eval_qa", "lacuna_email_retain_eval_crossfield_qa", "lacuna_phone_crossfield_qa"]
+    tiny = SimpleNamespace(model_dir=tiny_lacuna.model_dir, data_dir=retain_eval_data)
+    run = run_lm_eval(tiny, tmp_path / "out", ",".join(tasks), "--limit", "24")
+    results, samples = run["results"]["results"], run["samples"]
+    for task in tasks:
+        value = results[task]["accuracy,none"]
+        assert isinstance(value, float) and 0.0 <= value <= 1.0, (task, value)
+        assert value == pytest.approx(sum(s["accuracy"] for s in samples[task]) / len(samples[task]))
+        provenance = run["results"]["configs"][task]["metadata"]["lacuna_data"]
+        assert provenance["fingerprint"] == data.fingerprint
+    held_out = {r["ID"] for r in data.rows("retain_eval", "email")}
+    assert {s["doc"]["person"] for s in samples["lacuna_email_retain_eval_qa"]} == held_out
+    cross = samples["lacuna_email_retain_eval_crossfield_qa"]
+    assert {s["doc"]["person"] for s in cross} == held_out and "email" not in {s["doc"]["field"] for s in cross}
+    # The forget people's email facts, asked inside the phone task: kept where the model learned them, so the
+    # cross-field probe reads them exactly as lacuna_email_forget_qa does (same question, same greedy output).
+    phone_forget = {r["ID"] for r in data.rows("forget", "phone")}
+    email_docs = {s["doc"]["person"]: s["accuracy"] for s in samples["lacuna_phone_crossfield_qa"]
+                  if s["doc"]["field"] == "email"}  # fmt: skip
+    assert set(email_docs) == phone_forget & {r["ID"] for r in data.rows("forget", "email")}
+    learned = [p for p in tiny_lacuna.leaked_people if p in email_docs]
+    assert learned, "the tiny model's memorized forget people should be phone forget people too"
+    assert all(email_docs[p] == 1.0 for p in learned)
+    assert all(email_docs[p] == 0.0 for p in tiny_lacuna.clean_people if p in email_docs)
