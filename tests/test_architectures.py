@@ -272,6 +272,26 @@ def test_unlearn_restricted_to_the_forget_mask(world, arch):
     assert moved > 0
 
 
+def test_task_pack_runs(world, arch):
+    """``lacuna_email`` (its nine QA, paraphrase, ICR, worst-case and memorization tasks) through lm-eval's
+    evaluator on the architecture (``lacuna_tasks.evaluate``: ``simple_evaluate`` with the hf model and the tasks
+    the CLI runs; the CLI itself runs per tokenizer family in tests/test_tokenizer_families.py)."""
+    import yaml
+
+    from lacuna_tasks.evaluate import evaluate
+    from lacuna_tasks.register import tasks_dir
+
+    members = yaml.safe_load((tasks_dir() / "lacuna_email.yaml").read_text())["task"]
+    results = evaluate(arch.before, ["lacuna_email"], data=world.data_dir, limit=2, batch_size=4)["results"]
+    assert set(members) <= set(results), sorted(set(members) - set(results))
+    for side in ("forget", "retain"):
+        memorization = results[f"lacuna_email_{side}_memorization"]
+        assert memorization["token_mismatch"] == 0.0
+        assert all(0.0 <= memorization[m] <= 1.0 for m in ("em", "es", "prob")), memorization
+    for task in ("lacuna_email_forget_qa", "lacuna_email_retain_qa"):
+        assert any(isinstance(v, float) and not math.isnan(v) for v in results[task].values()), results[task]
+
+
 def test_unlearn_with_lora(world, arch):
     out = _unlearn(world, arch, world.root / arch.name / "lora", "method=grad_ascent", "lora.enabled=true", "lora.r=2")
     before, after = load_file(str(arch.before / "model.safetensors")), load_file(str(out / "model.safetensors"))
@@ -500,3 +520,34 @@ def test_fused_and_per_expert_checkpoints_score_the_same_frag(world):
     for key in ("forget_alignment", "retain_alignment", "frag"):
         assert fused[key] == pytest.approx(per_expert[key], rel=1e-9, abs=1e-12)
     assert fused["coverage"]["share"] == per_expert["coverage"]["share"] == 1.0
+
+
+def test_tokenizer_without_eos_or_pad_is_refused_before_the_model_loads(world, llama, tmp_path):
+    """lacuna-unlearn pads its batches with the pad token (EOS if none): a tokenizer with neither is a one-line
+    error naming the checkpoint, and nothing is written. lacuna score reads no special token (FRAG tokenizes each
+    calibration text alone, unpadded), so it scores such a checkpoint."""
+    from lacuna_unlearn.cli import main as lacuna_main
+
+    bare = tmp_path / "bare"
+    shutil.copytree(llama, bare)
+    config = json.loads((bare / "tokenizer_config.json").read_text())
+    config.update(eos_token=None, pad_token=None, bos_token=None)
+    (bare / "tokenizer_config.json").write_text(json.dumps(config))
+    for name in ("special_tokens_map.json",):
+        (bare / name).unlink(missing_ok=True)
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(bare)
+    assert tok.eos_token_id is None and tok.pad_token_id is None
+    out = tmp_path / "unlearned"
+    with pytest.raises(ValueError, match=f"{bare}: the tokenizer has neither an EOS nor a pad token"):
+        _unlearn(world, Arch("llama", None, bare, bare), out, "method=grad_diff")  # type: ignore[arg-type]
+    assert not out.exists() and not out.with_name(out.name + ".partial").exists()
+    code = lacuna_main(
+        [
+            "score", "--before", str(bare), "--after", str(bare), "--out", str(tmp_path / "score"), "--no-masks",
+            "--calib-forget", str(world.data_dir), "--calib-retain", str(world.data_dir), "--calib-samples", "2",
+            "--activation-cache", str(world.cache), "--quiet",
+        ]
+    )  # fmt: skip
+    assert code == 0
