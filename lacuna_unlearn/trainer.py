@@ -22,13 +22,13 @@ import os
 import shutil
 import time
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import Trainer, TrainingArguments
+from transformers import Trainer, TrainerCallback, TrainingArguments
 
 from lacuna_metrics.manifest import hardware, package_versions, write_json
 from lacuna_metrics.masks import MaskSet
@@ -109,6 +109,23 @@ class UnlearnTrainer(Trainer):
         return (loss, {}) if return_outputs else loss  # {}: no logits for Trainer.prediction_step
 
 
+class SnapshotCallback(TrainerCallback):
+    """Saves the model at ``count`` evenly spaced optimizer steps (the last one included) under ``root/step-N``, so
+    a method can be read at matched forgetting instead of at the end of an arbitrary schedule (docs/report.md)."""
+
+    def __init__(self, count: int, save: Callable[[Path], None], root: Path) -> None:
+        self.count, self.save, self.root = count, save, root
+        self.steps: set[int] = set()
+
+    def on_train_begin(self, args, state, control, **kwargs):  # noqa: ANN001, ANN201 - TrainerCallback hook
+        total = max(1, int(state.max_steps))
+        self.steps = {max(1, round(total * k / self.count)) for k in range(1, self.count + 1)}
+
+    def on_step_end(self, args, state, control, **kwargs):  # noqa: ANN001, ANN201 - TrainerCallback hook
+        if state.global_step in self.steps and state.is_world_process_zero:
+            self.save(self.root / f"step-{state.global_step:06d}")
+
+
 @dataclass
 class TrainConfig:
     """Optimisation settings (OpenUnlearning ``trainer.args`` names)."""
@@ -123,6 +140,7 @@ class TrainConfig:
     max_length: int = 256
     seed: int = 42
     max_steps: int = -1
+    snapshots: int = 0  # evenly spaced checkpoints kept under OUT/snapshots/step-N (trade-off curves)
     extra: dict[str, Any] = field(default_factory=dict)  # any other TrainingArguments
 
 
@@ -168,6 +186,11 @@ def unlearn(
     started = time.time()
     torch.manual_seed(train.seed)
     tokenizer = AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
+    if tokenizer.pad_token_id is None and tokenizer.eos_token_id is None:  # checked before the model loads
+        raise ValueError(
+            f"{model_dir}: the tokenizer has neither an EOS nor a pad token; unlearning pads its batches with one "
+            "(add an EOS token to the tokenizer and save it with the checkpoint)"
+        )
     model = AutoModelForCausalLM.from_pretrained(model_dir, local_files_only=True, trust_remote_code=False)
     prepare = getattr(method, "prepare", None)
     if callable(prepare):  # e.g. JensUn tokenizes its refusal string
@@ -253,6 +276,20 @@ def unlearn(
     )
     if ref_model is not None:
         ref_model.to(args.device)
+    if train.snapshots:
+        if int(train.snapshots) < 0:
+            raise ValueError(f"trainer.args.snapshots must be >= 0, got {train.snapshots!r}")
+        if trainer.is_fsdp_enabled:
+            raise ValueError("trainer.args.snapshots is not supported under FSDP (sharded weights)")
+
+        def save_snapshot(path: Path) -> None:
+            current = trainer.accelerator.unwrap_model(trainer.model)
+            if lora is not None:  # a merged copy: the adapters keep training (costs one model copy, briefly)
+                current = lora.merge(copy.deepcopy(current))
+            current.save_pretrained(path)
+            tokenizer.save_pretrained(path)
+
+        trainer.add_callback(SnapshotCallback(int(train.snapshots), save_snapshot, partial / "snapshots"))
     try:
         distributed = _distributed_setup(trainer, checked=checked, restrict=restrict, lora=lora is not None)
         result = trainer.train()
