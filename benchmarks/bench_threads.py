@@ -2,8 +2,8 @@
 
     python benchmarks/bench_threads.py [--preset smoke] [--set pii_steps=300 ...] [--threads 1,2]
 
-Builds the same testbed (`lacuna build-testbed`, reduced steps by default so one build takes about a minute)
-once per thread setting (``OMP_NUM_THREADS=N``; ``default`` = no variable, i.e. the package's own default
+Builds the same testbed (`lacuna build-testbed`, the full preset unless ``--set`` cuts it down) once per thread
+setting (``OMP_NUM_THREADS=N``; ``default`` = no variable, i.e. the package's own default
 from :func:`lacuna_metrics.threads.configure_threads`), first on the idle machine, then while one other process
 keeps one core busy (a single-threaded numpy loop). Prints wall seconds, the masked-injection stage's seconds,
 and each row's ratio against the one-thread idle build of the same run.
@@ -49,10 +49,10 @@ def _build(preset: str, sets: list[str], threads: str, out: Path) -> tuple[float
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--preset", default="smoke")
-    parser.add_argument("--set", action="append", default=None, help="testbed overrides (default: reduced steps)")
-    parser.add_argument("--threads", default="1,2,default", help="comma-separated OMP_NUM_THREADS values")
+    parser.add_argument("--set", action="append", default=[], help="testbed overrides (default: none, full build)")
+    parser.add_argument("--threads", default="1,default", help="comma-separated OMP_NUM_THREADS values")
     args = parser.parse_args()
-    sets = args.set if args.set is not None else ["base_steps=100", "pii_steps=300", "qa_tune_steps=2"]
+    sets = list(args.set)  # reduced step counts can leave too little memorized for the splits: the build then fails
     settings = args.threads.split(",")
     work = Path(tempfile.mkdtemp(prefix="bench_threads_"))
     rows = []
@@ -64,21 +64,22 @@ def main() -> None:
         try:
             for threads in settings:
                 wall, timings = _build(args.preset, sets, threads, work / f"tb-{threads}")
+                timings["loadavg"] = os.getloadavg()[1]  # 5-minute load: shows other work on the machine
                 rows.append((load, threads, wall, timings))
                 print(f"{load:>17} | OMP_NUM_THREADS={threads:<7} | {wall:7.1f} s | torch threads "
-                      f"{timings['torch_threads']}", flush=True)  # fmt: skip
+                      f"{timings['torch_threads']} | load avg (5 min) {timings['loadavg']:.2f}", flush=True)  # fmt: skip
         finally:
             if busy is not None:
                 busy.kill()
                 busy.wait()
     reference = next(wall for load, threads, wall, _ in rows if load == "idle" and threads == "1")
     print(f"\n{args.preset} build with {' '.join(sets)} on {os.cpu_count()} cores")
-    print("| load | OMP_NUM_THREADS | torch threads | wall s | injection s | x idle 1-thread |")
-    print("|---|---|---|---|---|---|")
+    print("| load | OMP_NUM_THREADS | torch threads | wall s | injection s | x idle 1-thread | load avg (5 min) |")
+    print("|---|---|---|---|---|---|---|")
     for load, threads, wall, timings in rows:
         injection = timings.get("injection", timings.get("pii_injection", float("nan")))
         print(f"| {load} | {threads} | {timings['torch_threads']} | {wall:.1f} | {injection:.1f} | "
-              f"{wall / reference:.2f} |")  # fmt: skip
+              f"{wall / reference:.2f} | {timings['loadavg']:.2f} |")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -80,6 +80,10 @@ METRICS: dict[str, str] = {
     "auc_forget": "best localization AUC(F)",
     "auc_unified": "best unified localization AUC",
     "auc_forget_vs_retain": "best forget-vs-retain localization AUC",
+    "auc_forget_calibrated": "best localization AUC(F) over the null-calibrated families",
+    "auc_forget_lift": "largest AUC(F) minus null AUC over every family (lift)",
+    "retain_eval_accuracy": "held-out retain accuracy (people no unlearning loss saw)",
+    "crossfield_accuracy": "cross-field retention (the forget people's other fields)",
     "frag": "FRAG (forget/retain alignment of the update)",
     "l2": "global L2 norm of the weight update",
 }
@@ -91,6 +95,8 @@ _BUILTINS: tuple[tuple[str, str, str, str, str], ...] = (
     ("--max-jw", "max-jw", "j_w", "<=", "worst-case leak J_W <= X"),
     ("--min-auc", "min-auc", "auc_forget", ">=", "best localization AUC(F) >= X (needs score.json for lm-eval input)"),
     ("--min-auc-unified", "min-auc-unified", "auc_unified", ">=", "best unified localization AUC >= X"),
+    ("--min-lift", "min-lift", "auc_forget_lift", ">=", "AUC(F) lift over the null updates >= X (docs/scoring.md)"),
+    ("--min-retain-eval", "min-retain-eval", "retain_eval_accuracy", ">=", "held-out retain accuracy >= X"),
     (
         "--max-success",
         "max-success",
@@ -106,6 +112,8 @@ _BUILTINS: tuple[tuple[str, str, str, str, str], ...] = (
 _LM_EVAL_METRICS: tuple[tuple[str, str, str], ...] = (
     ("forget_qa", "leak_rate", "forget_leak"),
     ("retain_qa", "accuracy", "retain_accuracy"),
+    ("retain_eval_qa", "accuracy", "retain_eval_accuracy"),
+    ("crossfield_qa", "accuracy", "crossfield_accuracy"),
     ("forget_worstcase", "j_w", "j_w"),
     ("forget_worstcase", "j_p", "j_p"),
     ("forget_worstcase", "j_icr", "j_icr"),
@@ -127,6 +135,10 @@ _RUN_METRICS: dict[str, str] = {
     "auc_forget": "auc.forget.best.value",
     "auc_unified": "auc.unified.best.value",
     "auc_forget_vs_retain": "auc.forget_vs_retain.best.value",
+    "auc_forget_calibrated": "auc.forget.calibrated_best.value",
+    "auc_forget_lift": "auc.forget.best_lift.value",
+    "retain_eval_accuracy": "behaviour.retain_eval_accuracy",
+    "crossfield_accuracy": "behaviour.crossfield_accuracy",
     "frag": "frag",
     "l2": "l2",
 }
@@ -136,6 +148,8 @@ _SCORE_METRICS: dict[str, str] = {
     "auc_forget": "auc.forget.best.value",
     "auc_unified": "auc.unified.best.value",
     "auc_forget_vs_retain": "auc.forget_vs_retain.best.value",
+    "auc_forget_calibrated": "null_calibration.targets.forget.best.value",
+    "auc_forget_lift": "null_calibration.targets.forget.best_lift.value",
     "frag": "frag.frag",
     "l2": "distance.l2",
 }
@@ -384,34 +398,43 @@ def load_subjects(
 
 
 def _run_subjects(path: Path, doc: dict[str, Any], methods: Sequence[str] | None, field: str | None) -> list[Subject]:
+    """One subject per method of every field of the run (``field/method`` when the run covers several fields), or of
+    ``field`` only."""
     version = doc["schema"].get("version")
     notes = []
     if version != RUN_SCHEMA_VERSION:
         notes.append(f"{path}: results.json schema version {version!r}, this gate knows {RUN_SCHEMA_VERSION}")
-    run_field = doc.get("field")
-    if field is not None and run_field is not None and field != run_field:
-        raise GateError(f"{path}: --field {field} given, but this run is for field {run_field!r}")
-    available = doc.get("methods", {})
-    if not isinstance(available, dict):
-        raise GateError(f'{path}: "methods" must be an object, got {type(available).__name__}')
-    selected = list(dict.fromkeys(methods)) if methods else list(available)
-    unknown = [m for m in selected if m not in available]
-    if unknown:
-        known = ", ".join(available) or "none"
-        raise GateError(f"{path}: unknown method {', '.join(map(repr, unknown))} (methods in this run: {known})")
-    if not selected:
-        raise GateError(f"{path}: the run has no methods to gate")
+    by_field = doc.get("by_field")
+    if not isinstance(by_field, dict) or not by_field:  # older results: one field at the top level
+        by_field = {doc.get("field") or "?": {"methods": doc.get("methods", {})}}
+    if field is not None:
+        if field not in by_field:
+            raise GateError(f"{path}: --field {field} given, but this run covers {', '.join(map(repr, by_field))}")
+        by_field = {field: by_field[field]}
     document = Document(path, "run", doc)
     subjects = []
-    for name in selected:
-        entry = available[name]
-        if not isinstance(entry, dict):
-            raise GateError(f"{path}: methods.{name} must be an object, got {type(entry).__name__}")
-        metrics = {key: _get(entry, dotted) for key, dotted in _RUN_METRICS.items()}
-        if isinstance(metrics["frag"], Mapping):  # a score.json-style FRAG section
-            metrics["frag"] = metrics["frag"].get("frag")
-        record = _run_method_identity(path, name, entry)
-        subjects.append(Subject(name, document, metrics, ("methods", name), list(notes), checkpoint=record))
+    for run_field, entry in by_field.items():
+        available = entry.get("methods", {}) if isinstance(entry, dict) else None
+        if not isinstance(available, dict):
+            raise GateError(f'{path}: "methods" of field {run_field!r} must be an object')
+        selected = list(dict.fromkeys(methods)) if methods else list(available)
+        unknown = [m for m in selected if m not in available]
+        if unknown:
+            known = ", ".join(available) or "none"
+            raise GateError(f"{path}: unknown method {', '.join(map(repr, unknown))} (methods in this run: {known})")
+        if not selected:
+            raise GateError(f"{path}: the run has no methods to gate")
+        location = ("methods",) if "by_field" not in doc else ("by_field", run_field, "methods")
+        for name in selected:
+            method = available[name]
+            if not isinstance(method, dict):
+                raise GateError(f"{path}: methods.{name} must be an object, got {type(method).__name__}")
+            metrics = {key: _get(method, dotted) for key, dotted in _RUN_METRICS.items()}
+            if isinstance(metrics["frag"], Mapping):  # a score.json-style FRAG section
+                metrics["frag"] = metrics["frag"].get("frag")
+            record = _run_method_identity(path, name, method)
+            label = name if len(by_field) == 1 else f"{run_field}/{name}"
+            subjects.append(Subject(label, document, metrics, (*location, name), list(notes), checkpoint=record))
     return subjects
 
 
@@ -1015,6 +1038,17 @@ def _collect_subjects(args: argparse.Namespace) -> list[Subject]:
     return subjects
 
 
+def _check_writable(flag: str, path: Path) -> None:
+    """A report file that cannot be written fails before any input is read (not after the table is printed)."""
+    if path.is_dir():
+        raise GateError(f"{flag} {path}: is a directory")
+    parent = path.parent
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
+        raise GateError(f"{flag} {path}: {parent} is not a writable directory")
+
+
 def run(args: argparse.Namespace) -> int:
     """Run the gate for parsed ``args``: print the table, write ``--junit``/``--json``, return the exit code."""
     try:
@@ -1025,6 +1059,9 @@ def run(args: argparse.Namespace) -> int:
                 + ", ".join(option for option, *_ in _BUILTINS)
                 + " or --check 'PATH<=X'"
             )
+        for flag, target in (("--junit", args.junit), ("--json", args.json_out)):
+            if target:
+                _check_writable(flag, Path(target))
         subjects = _collect_subjects(args)
         verdicts = evaluate(subjects, criteria)
         if not verdicts:

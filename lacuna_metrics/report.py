@@ -304,8 +304,9 @@ def _field_table(entry: dict[str, Any], trivial: dict[str, Any], attempts: Any) 
     base = (entry.get("baseline") or {}).get("behaviour") or {}
     lines = [
         f"| method | forget EM / ES / Prob | forget leak: unlearned → relearned | retain acc: unlearned → relearned "
-        f"| J_W | AUC(F) | AUC(F-R) | AUC(F vs R) | FRAG | Success@{attempts}: unlearned → relearned | regime |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        f"| held-out retain acc | cross-field acc | J_W | AUC(F) | AUC(F-R) | AUC(F vs R) | FRAG "
+        f"| Success@{attempts}: unlearned → relearned | regime |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
 
     def memorization(b: dict[str, Any]) -> str:
@@ -317,7 +318,8 @@ def _field_table(entry: dict[str, Any], trivial: dict[str, Any], attempts: Any) 
 
     lines.append(
         f"| before unlearning | {memorization(base)} | {_rate(base, 'forget_leak')} | {_rate(base, 'retain_accuracy')} "
-        f"| {_rate(base, 'j_w')} | | | | | | |"
+        f"| {_rate(base, 'retain_eval_accuracy')} | {_rate(base, 'crossfield_accuracy')} | {_rate(base, 'j_w')} "
+        "| | | | | | |"
     )
     footnote = False
     for name, m in (entry.get("methods") or {}).items():
@@ -325,7 +327,12 @@ def _field_table(entry: dict[str, Any], trivial: dict[str, Any], attempts: Any) 
         rel = m.get("relearned_behaviour") or {}
 
         def best(target: str, auc: dict = auc) -> str:
-            e = (auc.get(target) or {}).get("best") or {}
+            entry = auc.get(target) or {}
+            if "calibrated_best" in entry and entry["calibrated_best"] is not None:  # null-calibrated (the default)
+                cal, lift = entry["calibrated_best"], (entry.get("best_lift") or {}).get("value")
+                shown = "none calibrated" if cal.get("value") is None else f"{cal['value']:.3f} ({cal.get('score')})"
+                return shown + ("" if lift is None else f", lift {lift:+.3f}")
+            e = entry.get("best") or {}
             return "n/a" if e.get("value") is None else f"{e['value']:.3f} ({e.get('score')})"
 
         attack = (
@@ -338,15 +345,29 @@ def _field_table(entry: dict[str, Any], trivial: dict[str, Any], attempts: Any) 
         regime = m.get("regime") or {}
         label = regime.get("regime", "n/a")
         if regime.get("recovery_ratio") is not None:
-            label += f" (ρ={regime['recovery_ratio']:.2f})"
+            source = f", from {regime['source']}" if regime.get("source") else ""
+            label += f" (ρ={regime['recovery_ratio']:.2f}{source})"
         if disagrees(m):
             label += " †"
             footnote = True
         frag = m.get("frag")
         lines.append(
             f"| {name} | {memorization(beh)} | {_relearned(beh, rel, 'forget_leak')} | {_relearned(beh, rel, 'retain_accuracy')} "
+            f"| {_rate(beh, 'retain_eval_accuracy')} | {_rate(beh, 'crossfield_accuracy')} "
             f"| {_rate(beh, 'j_w')} | {best('forget')} | {best('unified')} | {best('forget_vs_retain')} "
             f"| {'n/a' if frag is None else f'{frag:.3g}'} | {attack} | {label} |"
+        )
+    control = entry.get("positive_control")
+    if control:
+        regime = control.get("regime") or {}
+        label = regime.get("regime", "n/a")
+        if regime.get("recovery_ratio") is not None:
+            label += f" (ρ={regime['recovery_ratio']:.2f}, from {regime.get('source', '?')})"
+        beh = control.get("behaviour") or {}
+        lines.append(
+            f"| positive control: {control.get('name')} | {memorization(beh)} | {_rate(beh, 'forget_leak')} "
+            f"| {_rate(beh, 'retain_accuracy')} | {_rate(beh, 'retain_eval_accuracy')} "
+            f"| {_rate(beh, 'crossfield_accuracy')} | {_rate(beh, 'j_w')} | | | | | | {label} |"
         )
     if trivial:
         cells = []
@@ -355,8 +376,91 @@ def _field_table(entry: dict[str, Any], trivial: dict[str, Any], attempts: Any) 
             cells.append(
                 " / ".join(f"{t[k]:.3f}" for k in ("before_magnitude", "injection_magnitude") if t.get(k) is not None)
             )
-        lines.append(f"| trivial detector (abs before / abs injection) | | | | | {' | '.join(cells)} | | | |")
+        lines.append(f"| trivial detector (abs before / abs injection) | | | | | | | {' | '.join(cells)} | | | |")
     return lines, footnote
+
+
+#: Columns of the across-seeds table: (header, dotted metric path in ``across_seeds.metrics``).
+SEED_COLUMNS = (
+    ("forget leak", "behaviour.forget_leak"),
+    ("retain acc", "behaviour.retain_accuracy"),
+    ("J_W", "behaviour.j_w"),
+    ("forget EM", "behaviour.em"),
+    ("AUC(F) calibrated", "auc.forget.calibrated_best"),
+    ("AUC(F) lift", "auc.forget.best_lift"),
+    ("AUC(F) raw", "auc.forget.raw"),
+    ("AUC(F vs R) best", "auc.forget_vs_retain.best"),
+    ("FRAG", "frag"),
+    ("Success@N relearned", "attack.success_at_n_relearned"),
+)
+
+
+def _mean_sd(cell: Any) -> str:
+    if not isinstance(cell, dict) or cell.get("mean") is None:
+        return "n/a"
+    sd = cell.get("sd")
+    return f"{cell['mean']:.3f}" + ("" if sd is None else f" ± {sd:.3f}")
+
+
+def _seed_table(entry: dict[str, Any]) -> list[str]:
+    """Mean ± sd over unlearning seeds per method (``lacuna run --seeds``); empty when one seed ran."""
+    methods = {n: m["across_seeds"] for n, m in (entry.get("methods") or {}).items() if m.get("across_seeds")}
+    if not methods:
+        return []
+    seeds = next(iter(methods.values())).get("seeds", [])
+    lines = [
+        f"Mean ± sd over {len(seeds)} unlearning seeds ({', '.join(map(str, seeds))}); the table above shows seed "
+        f"{seeds[0] if seeds else '?'}.",
+        "",
+        "| method | " + " | ".join(h for h, _ in SEED_COLUMNS) + " |",
+        "|---|" + "---|" * len(SEED_COLUMNS),
+    ]
+    for name, summary in methods.items():
+        metrics = summary.get("metrics") or {}
+        lines.append(f"| {name} | " + " | ".join(_mean_sd(metrics.get(p)) for _, p in SEED_COLUMNS) + " |")
+    return [*lines, ""]
+
+
+def _matched_table(entry: dict[str, Any]) -> list[str]:
+    """Each gradient method at matched forgetting (first snapshot with forget leak <= the threshold) and at the end
+    of its schedule (empty when no method kept a trajectory)."""
+    curves = {n: m["trajectory"] for n, m in (entry.get("methods") or {}).items() if m.get("trajectory")}
+    if not curves:
+        return []
+    threshold = next(iter(curves.values())).get("leak_threshold")
+
+    def cells(point: dict[str, Any] | None) -> str:
+        if not point:
+            return "not reached | |"
+        held_out = point.get("retain_eval_accuracy")
+        retain = f"{_pct(held_out)} (held-out)" if held_out is not None else _pct(point.get("retain_accuracy"))
+        auc = (point.get("auc_raw") or {}).get("forget")
+        return f"step {point['step']}: leak {_pct(point.get('forget_leak'))} | {retain} | {_fmt(auc, 3)}"
+
+    lines = [
+        f"Matched forgetting: each gradient method at the first checkpoint whose forget leak is ≤ {threshold}, and at "
+        "the end of its schedule (plots/tradeoff.png).",
+        "",
+        "| method | matched: step, forget leak | retain acc | AUC(F) raw | end: step, forget leak | retain acc | AUC(F) raw |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for name, traj in curves.items():
+        lines.append(f"| {name} | {cells(traj.get('matched'))} | {cells(traj.get('end'))} |")
+    return [*lines, ""]
+
+
+def _control_note(entry: dict[str, Any]) -> list[str]:
+    """One line on whether the reversibility protocol passed its positive control (empty without one)."""
+    control = entry.get("positive_control")
+    if not control:
+        return []
+    rev = control.get("reversibility") or {}
+    setting = f"lr {rev.get('learning_rate')}, {rev.get('epochs')} epochs, |D_f| rows from {', '.join(rev.get('sources') or [])}"
+    if control.get("attack_strong_enough"):
+        return [f"Positive control passed: output suppression alone comes out reversible under restricted relearning "
+                f"({setting}), so the protocol can tell suppression from erasure.", ""]  # fmt: skip
+    return [f"**Positive control failed**: {control.get('reason', 'see results.json')} ({setting}). Regimes are "
+            "reported as `undetermined`; raise `reversibility.learning_rate` or `reversibility.epochs`.", ""]  # fmt: skip
 
 
 def run_markdown(results: dict[str, Any]) -> str:
@@ -376,7 +480,7 @@ def run_markdown(results: dict[str, Any]) -> str:
         if len(fields) > 1:
             lines += [f"## Field `{field}`", ""]
         table, marked = _field_table(entry, trivial, attempts)
-        lines += [*table, ""]
+        lines += [*table, "", *_control_note(entry), *_matched_table(entry), *_seed_table(entry)]
         footnote = footnote or marked
     if footnote:
         lines += [
@@ -393,16 +497,24 @@ def run_markdown(results: dict[str, Any]) -> str:
         "",
         "- **n**: persons behind a rate (the field's forget or retain people in the testbed's splits; Success@N: "
         "the attacked forget people); few persons make coarse rates (n=1 gives only 0 or 1).",
+        "- **[low, high]**: 95% percentile bootstrap interval of the rate, resampling persons (never documents); "
+        "[v, v] means the persons showed no spread, not certainty.",
         "- **forget EM / ES / Prob**: teacher-forced exact match, extraction strength and answer probability on the "
         "forget people's QA (lower = more forgotten).",
         "- **forget leak**: share of forget people whose answer the model generates to their QA prompt, unlearned → "
         "after the relearning attack (lower = forgotten).",
         "- **retain acc**: share of retain people still answered, unlearned → after relearning (higher = kept; "
         "compare with the first row).",
+        "- **held-out retain acc**: share of retain-eval people (memorized like the retain people, in no unlearning "
+        "input) still answered; the retain acc column's people are the ones the retain loss trains on.",
+        "- **cross-field acc**: share of the forget people's other three fields still answered (a `field=email` run "
+        "must keep their birth city).",
         "- **J_W**: share of forget people leaking under any of 15 paraphrases or in-context retain prompts (worst "
         "case; n/a when the evaluated tasks leave it out).",
         "- **AUC(F) / AUC(F-R) / AUC(F vs R)**: does the update's size single out the forget scalars (vs all others / "
-        "forget + retain vs outside / vs retain only); 0.5 = chance, 1 = exactly; best scoring function in brackets.",
+        "forget + retain vs outside / vs retain only); 0.5 = chance, 1 = exactly; best scoring function in brackets, "
+        "taken only over the families that null updates (noise that knows nothing of the masks) leave at 0.5 ± the "
+        "tolerance; **lift** = the largest AUC − null AUC over every family (docs/scoring.md, 'Null calibration').",
         "- **trivial detector**: the same AUCs from |θ_before| / |θ_before − θ_base| with no unlearning at all; a "
         "method's AUC shows localization only where it beats this row.",
         "- **FRAG**: forget alignment − γ × retain alignment of the weight update (higher predicts forgetting that "
@@ -410,7 +522,12 @@ def run_markdown(results: dict[str, Any]) -> str:
         f"- **Success@N**: share of forget people leaking in at least one of N = {attempts} fresh extraction prompts, "
         "unlearned → relearned (a jump = suppressed, not erased).",
         f"- **regime**: spec §5.7 from the QA forget leak: reversible iff relearning recovers ≥ tau_rev = {tau_rev} "
-        f"of the removed leak (ρ: the share recovered); catastrophic iff retain acc drops > tau_cat = {tau_cat}.",
+        f"of the removed leak (ρ: the share recovered); catastrophic iff retain acc drops > tau_cat = {tau_cat}. "
+        "With the reversibility protocol (the default), relearning is restricted to |D_f| rows from the forget, "
+        "retain and unrelated sources and the source that recovers most decides (named after ρ); without it, the "
+        "held-out relearning attack of the forget leak column.",
+        "- **positive control**: a method that only hides the answer (a refusal objective on the last layer, which "
+        "holds no fact); it must come out reversible, or the protocol is too weak and regimes read `undetermined`.",
     ]
     wall = (results.get("manifest") or {}).get("wall_seconds")
     if wall is not None:
@@ -589,4 +706,36 @@ def write_field_plots(
         fig.legend([handles[i] for i in order], [labels[i] for i in order], fontsize=9, loc="outside lower center",
                    ncols=3, frameon=False)  # fmt: skip
         written.append(save_figure(fig, plots / f"relearning{suffix}.png"))
+    curves = {n: m["trajectory"] for n, m in methods.items() if (m.get("trajectory") or {}).get("points")}
+    if curves:
+        fig, (left, right) = plt.subplots(1, 2, figsize=(13.0, 5.2), layout="constrained")
+        for name, traj in curves.items():
+            points = traj["points"]
+            retain_key = (
+                "retain_eval_accuracy" if points[0].get("retain_eval_accuracy") is not None else "retain_accuracy"
+            )
+            xs = [p["forget_leak"] for p in points]
+            ys = [p[retain_key] for p in points]
+            (line,) = left.plot(xs, ys, marker="o", label=name)
+            if traj.get("matched"):
+                m = traj["matched"]
+                left.plot([m["forget_leak"]], [m[retain_key]], marker="*", markersize=16, color=line.get_color())
+            right.plot([p["step"] for p in points], [p["auc_raw"].get("forget") for p in points], marker="o",
+                       color=line.get_color(), label=name)  # fmt: skip
+        threshold = next(iter(curves.values())).get("leak_threshold")
+        left.axvline(threshold, color="gray", linestyle=":", label=f"leak threshold {threshold}")
+        left.set_xlabel("forget leak (lower = more forgotten)", fontsize=10)
+        left.set_ylabel("retain accuracy (held-out people where the testbed has them)", fontsize=10)
+        left.set_title("Trade-off along each schedule (★ = first point at the leak threshold)", fontsize=11)
+        left.set_xlim(-0.05, 1.05)
+        left.set_ylim(-0.05, 1.05)
+        right.axhline(0.5, color="gray", linestyle=":", label="chance")
+        right.set_xlabel("optimizer step", fontsize=10)
+        right.set_ylabel("AUC(F), raw |δ|", fontsize=10)
+        right.set_title("Localization along the schedule", fontsize=11)
+        for ax in (left, right):
+            ax.grid(alpha=0.3)
+        left.legend(fontsize=8, loc="lower left")
+        fig.suptitle(f"Matched forgetting{', ' + where if where else ''}", fontsize=12)
+        written.append(save_figure(fig, plots / f"tradeoff{suffix}.png"))
     return written

@@ -9,16 +9,18 @@ activation statistics of the before-model cached on disk) and distances
 
 from __future__ import annotations
 
+import json
 import os
+import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from lacuna_metrics.checkpoints import Checkpoint, check_compatible, file_fingerprint, prefetched
+from lacuna_metrics.checkpoints import Checkpoint, check_compatible, prefetched
 from lacuna_metrics.localization import Localization, LocalizationConfig
 from lacuna_metrics.manifest import hardware, package_versions
-from lacuna_metrics.masks import MaskReader
+from lacuna_metrics.masks import MaskError, MaskReader
 
 __all__ = ["SCHEMA", "SCHEMA_VERSION", "default_cache_dir", "score_pair", "score_to_dir"]
 
@@ -68,7 +70,11 @@ def score_pair(
     activation_dtype: str = "bfloat16",
     cache_dir: PathLike | None = None,
     config: LocalizationConfig | None = None,
+    null: bool = True,
+    null_tolerance: float = 0.05,
     progress: bool = True,
+    allow_mask_mismatch: bool = False,
+    warn: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
     """Score ``after`` against ``before`` (and masks, base, control, per-field runs when given).
 
@@ -76,8 +82,14 @@ def score_pair(
     forget and retain splits) default to the testbed's ``model/``, ``masks.safetensors``, ``base/``
     and ``data/``. Without masks (or with ``localize=False``) the localization section is ``None``;
     without calibration text (or with ``frag=False``) FRAG is.
+
+    Masks that record the fingerprint of the model they were built for must match ``before``'s (else
+    MaskError naming both, unless ``allow_mask_mismatch``); masks without one (a released ``mask.pt``) are
+    scored with a warning (``warn``, default: one line on stderr). ``manifest.masks_model`` says which.
     """
     started = time.time()
+    if null and not 0.0 < float(null_tolerance) < 0.5:
+        raise ValueError(f"--null-tolerance must be in (0, 0.5), got {null_tolerance}")
     defaults: dict[str, Path | None] = {}
     if testbed is not None:
         defaults = _testbed_defaults(Path(testbed))
@@ -102,15 +114,23 @@ def score_pair(
     check_compatible(ckpts)
     will_frag = frag and forget_source is not None and retain_source is not None
     if will_frag:
-        from lacuna_metrics.activations import frag_preflight
+        from lacuna_metrics.activations import calibration_texts, frag_preflight
 
         frag_preflight(ckpts["before"].path, frag_target)  # header-only: fails before any hashing or forward pass
+        # the calibration data is read (and validated) before any hashing too
+        texts = (
+            calibration_texts(forget_source, "forget", calib_samples),
+            calibration_texts(retain_source, "retain", calib_samples),
+        )
+    mask_reader: MaskReader | None = None
+    masks_id: dict[str, str] | None = None
+    if masks is not None:  # the mask file's header, its names and shapes, then every bit: before any hashing
+        mask_reader = MaskReader(masks)
+        mask_reader.check_model(ckpts["before"].names, ckpts["before"].shape, str(ckpts["before"].path))
+        masks_id = {"path": str(Path(masks).resolve()), "fingerprint": mask_reader.verify()}
     # Name what is scored before scoring it: resolved path and content fingerprint of every input.
     inputs = {label: {"path": str(c.path.resolve()), "fingerprint": c.fingerprint()} for label, c in ckpts.items()}
-    mask_reader = MaskReader(masks) if masks is not None else None  # validates the file before hashing it
-    masks_id = (
-        {"path": str(Path(masks).resolve()), "fingerprint": file_fingerprint(masks)} if masks is not None else None
-    )
+    masks_model = _masks_model(mask_reader, inputs["before"], allow_mask_mismatch, warn) if mask_reader else None
 
     from lacuna_metrics.distance import DistanceAccumulator
 
@@ -119,13 +139,12 @@ def score_pair(
     if will_frag:
         import torch
 
-        from lacuna_metrics.activations import activation_stats, calibration_texts
+        from lacuna_metrics.activations import activation_stats
         from lacuna_metrics.frag import FragAccumulator
 
         stats = activation_stats(
             ckpts["before"].path,
-            calibration_texts(forget_source, "forget", calib_samples),
-            calibration_texts(retain_source, "retain", calib_samples),
+            *texts,
             cache_dir=Path(cache_dir) if cache_dir is not None else default_cache_dir(),
             target=frag_target,
             max_length=calib_max_length,
@@ -171,6 +190,11 @@ def score_pair(
                 ckpts["before"], ckpts["after"], on_pair, bar.update, (config or LocalizationConfig()).block_elems
             )
 
+    null_section = None
+    if loc is not None and null:
+        null_section = _null_calibration(
+            loc["auc"], ckpts, Path(masks), testbed, config or LocalizationConfig(), null_tolerance
+        )
     if frag_acc is not None:
         frag_section = frag_acc.result()
         assert stats is not None
@@ -189,11 +213,13 @@ def score_pair(
         "frag": frag_section,
         "distance": distance.result(),
         "roc": loc["roc"] if loc else None,
+        "null_calibration": null_section,
         "localization_settings": loc["settings"] if loc else None,
     }
     result["manifest"] = {
         "inputs": inputs,
         "masks": masks_id,
+        "masks_model": masks_model,
         "testbed": str(Path(testbed).resolve()) if testbed is not None else None,
         "calibration": {"forget": str(forget_source), "retain": str(retain_source), "samples": calib_samples}
         if frag_acc is not None
@@ -207,6 +233,80 @@ def score_pair(
         "localization_timings": timings,
     }
     return result
+
+
+def _null_calibration(
+    auc: Mapping[str, Any],
+    ckpts: Mapping[str, Checkpoint],
+    masks: Path,
+    testbed: PathLike | None,
+    config: LocalizationConfig,
+    tolerance: float,
+) -> dict[str, Any]:
+    """The null-calibrated AUCs (lacuna_metrics.null_calibration) of this score. The null updates' AUCs come from
+    the testbed's leak audit when it scored the same ``before`` and masks (recorded in its manifest), else they are
+    computed here: each null update (seeded, docs/scoring.md "Null calibration") through the same scorer."""
+    from lacuna_metrics.leak_audit import NULL_KINDS, NullUpdate
+    from lacuna_metrics.null_calibration import DEFAULT_NULL_SCALES, calibrate
+
+    if not 0.0 < float(tolerance) < 0.5:
+        raise ValueError(f"null-AUC tolerance must be in (0, 0.5), got {tolerance!r}")
+    audit = None
+    if testbed is not None:
+        manifest = Path(testbed) / "manifest.json"
+        recorded = (json.loads(manifest.read_text()).get("leak_audit") or {}) if manifest.is_file() else {}
+        inputs = recorded.get("inputs") or {}
+        same = (
+            recorded.get("null")
+            and Path(str(inputs.get("masks", ""))).resolve() == masks.resolve()
+            and Path(str(inputs.get("before", ""))).resolve() == ckpts["before"].path.resolve()
+        )
+        if same:
+            audit = {"null": recorded["null"], "null_updates": recorded.get("null_updates"), "source": str(manifest)}
+    if audit is None:
+        null: dict[str, Any] = {}
+        for kind in NULL_KINDS:
+            after = NullUpdate(ckpts["before"], kind, seed=config.seed, scale=DEFAULT_NULL_SCALES[kind])
+            result = Localization(
+                ckpts["before"], after, MaskReader(masks), base=ckpts.get("base"), config=config
+            ).run()
+            null[kind] = {
+                s: {t: result["auc"][t].get(s) for t in result["auc"]}
+                for s in result["auc"][next(iter(result["auc"]))]
+                if s != "best"
+            }
+        audit = {
+            "null": null,
+            "null_updates": {k: {"seed": config.seed, "scale": DEFAULT_NULL_SCALES[k]} for k in NULL_KINDS},
+            "source": "computed",
+        }
+    out = calibrate(auc, audit["null"], tolerance=tolerance)
+    out.update({"source": audit["source"], "null_updates": audit["null_updates"], "null": audit["null"]})
+    return out
+
+
+def _masks_model(
+    reader: MaskReader, before: dict[str, str], allow_mismatch: bool, warn: Callable[[str], None] | None
+) -> dict[str, Any]:
+    """Tie the masks to ``before`` by the model fingerprint they record: ``status`` ``verified`` (equal),
+    ``unverified`` (the file records none: a released ``mask.pt`` or a user's own file; warned), or
+    ``mismatch_allowed`` (different, accepted by ``allow_mismatch``; warned). A mismatch is refused otherwise."""
+    say = warn or (lambda text: print(f"lacuna: warning: {text}", file=sys.stderr))
+    recorded = reader.model_fingerprint
+    if recorded is None:
+        status = "unverified"
+        say(f"{reader.path} records no model fingerprint: it cannot be tied to --before {before['path']}")
+    elif recorded == before["fingerprint"]:
+        status = "verified"
+    elif allow_mismatch:
+        status = "mismatch_allowed"
+        say(f"{reader.path} was built for model {recorded}, not --before ({before['fingerprint']}); scored anyway")
+    else:
+        raise MaskError(
+            f"{reader.path} was built for the model with fingerprint {recorded}, but --before {before['path']} has "
+            f"{before['fingerprint']}: masks of another model (--allow-mask-mismatch to score anyway)"
+        )
+    return {"fingerprint": recorded, "status": status}
 
 
 def score_to_dir(out: PathLike, *, plots: bool = False, **kwargs: Any) -> Path:

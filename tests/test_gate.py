@@ -462,3 +462,22 @@ def test_lm_eval_json_output_path_prefix(tmp_path):
     (tmp_path / "out" / "res_2026-03-01T00-00-00.json").write_text(json.dumps(lm_eval_results(leak=0.0)))
     assert gate(tmp_path / "out" / "res.json", "--max-leak", "0.1") == 0
     assert gate(tmp_path / "out" / "other.json", "--max-leak", "0.1") == 2
+
+
+def test_every_field_of_a_run_is_gated_and_lift_is_a_criterion(tmp_path, capsys):
+    """A run over several fields: one subject per field and method (``field/method``), or one field with --field;
+    --min-lift reads the null-calibrated lift."""
+    good, bad = method(0.05, 0.9, 0.92), method(0.05, 0.9, 0.92)
+    good["auc"]["forget"]["best_lift"] = {"score": "raw", "value": 0.3}
+    bad["auc"]["forget"]["best_lift"] = {"score": "raw", "value": 0.01}
+    path = run_results(tmp_path, {"oracle_grad": good})
+    doc = json.loads(path.read_text())
+    doc["by_field"] = {"email": {"methods": {"oracle_grad": good}}, "phone": {"methods": {"oracle_grad": bad}}}
+    path.write_text(json.dumps(doc))
+    assert gate(path, "--max-leak", "0.1") == 0
+    out = capsys.readouterr().out
+    assert "email/oracle_grad" in out and "phone/oracle_grad" in out
+    assert gate(path, "--min-lift", "0.1") == 1  # phone's lift 0.01 fails
+    assert "phone/oracle_grad" in capsys.readouterr().out
+    assert gate(path, "--field", "email", "--min-lift", "0.1") == 0
+    assert gate(path, "--field", "birth_city", "--max-leak", "0.1") == 2

@@ -122,8 +122,10 @@ def test_every_rate_carries_its_persons():
     # every rate cell of every method row names its n
     for name in ("grad_diff", "memflex", "oracle_grad"):
         row = dict(zip(header, _row(report, name), strict=True))
-        for column in header[1:5] + [header[9]]:
+        rates = ["forget EM / ES / Prob", "forget leak: unlearned → relearned", "retain acc: unlearned → relearned"]
+        for column in [*rates, "J_W", "Success@200: unlearned → relearned"]:
             assert re.search(r"\(n=\d+\)$", row[column]), (name, column, row[column])
+        assert row["held-out retain acc"] == row["cross-field acc"] == "n/a"  # not in these results
 
 
 def test_intervals_are_shown_where_the_results_carry_them():
@@ -291,3 +293,24 @@ def test_behaviour_counts_the_fields_persons(tmp_path):
     assert got["n"]["forget_leak"] == got["n"]["em"] == forget and got["n"]["retain_accuracy"] == retain
     assert got["n"]["j_w"] is None and got["n"]["retain_j_avg"] is None  # tasks that did not run
     assert "n" not in _behaviour(results, "phone")  # no data: no counts (the old shape)
+
+
+def test_behaviour_intervals_are_over_persons():
+    """With the evaluation's per-person values, every rate gets n = persons observed and a bootstrap interval over
+    persons that contains the rate; a metric that did not run gets neither."""
+    from lacuna_metrics.intervals import bootstrap_interval
+    from lacuna_unlearn.run import _behaviour
+
+    leak = {f"p{i}": float(i < 3) for i in range(10)}  # 3 of 10 persons leak
+    results = {"lacuna_email_forget_qa": {"leak_rate": 0.3}, "lacuna_email_forget_worstcase": {"j_w": 0.3}}
+    persons = {
+        "lacuna_email_forget_qa": {"leak_rate": leak},
+        "lacuna_email_forget_worstcase": {"j_w": leak, "j_icr": {}},
+    }
+    got = _behaviour(results, "email", None, persons, seed=4)
+    assert got["n"]["forget_leak"] == got["n"]["j_w"] == 10
+    assert got["ci"]["forget_leak"] == bootstrap_interval(leak, seed=4)
+    low, high = got["ci"]["forget_leak"]
+    assert low < 0.3 < high and 0.0 <= low and high <= 1.0
+    assert got["ci"]["j_icr"] is None and got["n"]["j_icr"] is None
+    assert got["ci"]["retain_accuracy"] is None

@@ -26,6 +26,8 @@ def _config(testbed):
             "score.composite_samples": 0,
             "attack.attempts": 2,
             "attack.overrides": ["trainer.args.max_steps=2", "eval_fraction=0"],
+            "reversibility.epochs": 1,
+            "trajectory.points": 2,
         },
     )
 
@@ -49,6 +51,8 @@ def test_every_default_method_runs_unlearn_evaluate_and_score(smoke_testbed, tmp
             "score.composite_samples": 0,
             "score.frag": False,
             "attack.enabled": False,
+            "reversibility.enabled": False,
+            "trajectory.enabled": False,
         },
     )
     results = run_benchmark(tmp_path / "run", cfg, log=lambda line: None)
@@ -57,6 +61,65 @@ def test_every_default_method_runs_unlearn_evaluate_and_score(smoke_testbed, tmp
         assert method["behaviour"]["forget_leak"] is not None, name
         assert 0.0 <= method["auc"]["forget"]["best"]["value"] <= 1.0, name
         assert method["checkpoint"]["fingerprint"] == method["score_checkpoint"]["fingerprint"], name
+
+
+def test_seeds_give_mean_and_sd_of_every_metric(smoke_testbed, tmp_path):
+    """``seeds: [1, 2]``: each method unlearned once per seed (separate cached stages); results carry the first
+    seed's entry plus mean ± sd across seeds, and the report a table of them. A second seed list reuses the stages
+    of the seeds it shares."""
+    overrides = {
+        "testbed": str(smoke_testbed),
+        "methods": {"grad_diff": _cheap("grad_diff", [])},
+        "eval.tasks": ["forget_qa", "retain_qa"],
+        "score.composite_samples": 0,
+        "score.frag": False,
+        "attack.enabled": False,
+        "reversibility.enabled": False,
+        "trajectory.enabled": False,
+        "seeds": [1, 2],
+    }
+    logs: list[str] = []
+    results = run_benchmark(tmp_path / "run", load_run_config(preset="smoke", overrides=overrides), log=logs.append)
+    summary = results["methods"]["grad_diff"]["across_seeds"]
+    assert summary["seeds"] == [1, 2]
+    leak = summary["metrics"]["behaviour.forget_leak"]
+    assert leak["n"] == 2 and len(leak["values"]) == 2 and leak["values"][0] == results["methods"]["grad_diff"][
+        "behaviour"]["forget_leak"]  # fmt: skip
+    assert leak["mean"] == pytest.approx(sum(leak["values"]) / 2)
+    assert summary["metrics"]["auc.forget.best"]["n"] == 2
+    assert sum(line.startswith("[email] unlearn grad_diff (seed 2): running") for line in logs) == 1
+    assert "Mean ± sd over 2 unlearning seeds" in (tmp_path / "run" / "report.md").read_text()
+    with pytest.raises(ValueError, match="seeds"):
+        load_run_config(preset="smoke", overrides={**overrides, "seeds": []})
+    with pytest.raises(ValueError, match="seeds"):
+        load_run_config(preset="smoke", overrides={**overrides, "seeds": [1, "x"]})
+
+
+def test_every_field_runs_and_is_reported(smoke_testbed, tmp_path):
+    """``fields: all`` runs each of the four fields and the report has a table per field (plots per field too)."""
+    cfg = load_run_config(
+        preset="smoke",
+        overrides={
+            "testbed": str(smoke_testbed),
+            "fields": "all",
+            "methods": {"grad_diff": ["trainer.args.max_steps=1"]},
+            "eval.tasks": ["forget_qa", "retain_qa"],
+            "score.composite_samples": 0,
+            "score.frag": False,
+            "attack.enabled": False,
+            "reversibility.enabled": False,
+            "trajectory.enabled": False,
+        },
+    )
+    assert cfg["fields"] == ["email", "phone", "birth_city", "drivers_license"]
+    results = run_benchmark(tmp_path / "run", cfg, log=lambda line: None)
+    assert list(results["by_field"]) == cfg["fields"]
+    for field, entry in results["by_field"].items():
+        assert entry["methods"]["grad_diff"]["behaviour"]["forget_leak"] is not None, field
+    report = (tmp_path / "run" / "report.md").read_text()
+    assert all(f"## Field `{f}`" in report for f in cfg["fields"])
+    plots = {p.name for p in (tmp_path / "run" / "plots").glob("auc*.png")}
+    assert plots == {"auc.png", "auc-phone.png", "auc-birth_city.png", "auc-drivers_license.png"}
 
 
 def test_run_writes_schema_report_and_plots_then_caches(smoke_testbed, tmp_path):
@@ -69,15 +132,38 @@ def test_run_writes_schema_report_and_plots_then_caches(smoke_testbed, tmp_path)
         for target in ("forget", "unified", "forget_vs_retain"):
             best = method["auc"][target]["best"]
             assert set(best) == {"score", "value"} and 0.0 <= best["value"] <= 1.0, (name, target)
-        assert set(method["behaviour"]) >= {"forget_leak", "retain_accuracy", "em", "es", "prob"}
+        assert set(method["behaviour"]) >= {"forget_leak", "retain_accuracy", "em", "es", "prob", "n", "ci"}
+        low, high = method["behaviour"]["ci"]["forget_leak"]  # bootstrap over persons
+        assert low <= method["behaviour"]["forget_leak"] <= high
+        assert method["relearned_behaviour"]["n"]["forget_leak"] == method["behaviour"]["n"]["forget_leak"]
         assert isinstance(method["frag"], float) and method["l2"] >= 0
         assert set(method["attack"]) >= {"success_at_n_unlearned", "success_at_n_relearned"}
+        traj = method["trajectory"]
+        assert [p["step"] for p in traj["points"]] == [2, 3] and traj["end"]["step"] == 3  # max_steps=3, 2 points
+        assert all(0.0 <= p["auc_raw"]["forget"] <= 1.0 and p["forget_leak"] is not None for p in traj["points"])
+        assert traj["matched"] is None or traj["matched"]["forget_leak"] <= traj["leak_threshold"]
+        rev = method["reversibility"]
+        assert set(rev["sources"]) == {"forget", "retain", "unrelated"} and rev["budget"] == "forget"
+        for source in rev["sources"].values():
+            assert source["n"]["forget_leak"] == method["behaviour"]["n"]["forget_leak"]
         assert method["regime"]["regime"]
     assert on_disk["methods"]["oracle_grad"]["auc"]["forget"]["best"]["value"] > 0.99  # restricted to the mask
+    oracle = on_disk["methods"]["oracle_grad"]["auc"]["forget"]
+    assert oracle["calibrated_best"]["value"] > 0.95 and oracle["best_lift"]["value"] > 0.4  # survives calibration
+    control = on_disk["by_field"]["email"]["positive_control"]
+    assert control["overrides"] == ["restrict='regex:^model\\.layers\\.3\\.'"]  # the smoke model's last layer
+    assert isinstance(control["attack_strong_enough"], bool)
+    if not control["attack_strong_enough"]:  # then no method may be labelled
+        assert all(m["regime"]["regime"] == "undetermined" for m in on_disk["methods"].values())
+    else:
+        assert control["regime"]["reversible"] is True
     assert on_disk["baseline"]["auc"]["forget"]["before_magnitude"] is not None
     report = (tmp_path / "run" / "report.md").read_text()
     assert "| oracle_grad |" in report and "trivial detector" in report and "## Reading this table" in report
-    assert {p.name for p in (tmp_path / "run" / "plots").glob("*.png")} == {"auc.png", "layers.png", "relearning.png"}
+    assert {p.name for p in (tmp_path / "run" / "plots").glob("*.png")} == {
+        "auc.png", "layers.png", "relearning.png", "tradeoff.png"
+    }  # fmt: skip
+    assert "Matched forgetting" in report and "positive control" in report
     assert any("running" in line for line in logs)
 
     from lacuna_unlearn.cli import main
@@ -105,14 +191,14 @@ def test_run_writes_schema_report_and_plots_then_caches(smoke_testbed, tmp_path)
 def test_bad_run_configs_are_named(tmp_path):
     with pytest.raises(ValueError, match="unknown method 'nope'"):
         load_run_config(overrides={"methods": {"nope": []}})
-    with pytest.raises(ValueError, match="fields must be a non-empty list"):
+    with pytest.raises(ValueError, match="fields must be .all. or a non-empty list"):
         load_run_config(overrides={"fields": ["shoe_size"]})
     bad = tmp_path / "bad.yaml"
     bad.write_text("methodz: {}\n")
     with pytest.raises(ValueError, match="bad.yaml: unknown run setting 'methodz'"):
         load_run_config(bad)
     bad.write_text("methods: [unclosed\n")
-    with pytest.raises(ValueError, match="bad.yaml: cannot read the run config"):
+    with pytest.raises(ValueError, match=r"bad.yaml: line \d+, column \d+: cannot read the run config"):
         load_run_config(bad)
     with pytest.raises(ValueError, match="unknown run preset"):
         load_run_config(preset="huge")
