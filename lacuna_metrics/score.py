@@ -255,11 +255,12 @@ def _null_calibration(
     if testbed is not None:
         manifest = Path(testbed) / "manifest.json"
         recorded = (json.loads(manifest.read_text()).get("leak_audit") or {}) if manifest.is_file() else {}
-        inputs = recorded.get("inputs") or {}
+        # the audit scored the testbed's own model/ and masks: reuse it when this score reads those too (paths are
+        # compared inside the testbed, so a moved or cached testbed still matches)
         same = (
             recorded.get("null")
-            and Path(str(inputs.get("masks", ""))).resolve() == masks.resolve()
-            and Path(str(inputs.get("before", ""))).resolve() == ckpts["before"].path.resolve()
+            and masks.resolve() == (Path(testbed) / "masks.safetensors").resolve()
+            and ckpts["before"].path.resolve() == (Path(testbed) / "model").resolve()
         )
         if same:
             audit = {"null": recorded["null"], "null_updates": recorded.get("null_updates"), "source": str(manifest)}

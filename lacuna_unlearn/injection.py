@@ -1,15 +1,19 @@
 """Masked continual pretraining on HF ``Trainer`` (spec §1.5): PII reaches only its group's mask.
 
-Every optimizer step is group-homogeneous: all micro-batches of a step (on every process) come from
-one group, or are neutral text. After backward, a PII step of group g multiplies each eligible
-parameter's gradient by bit g of its mask and drops the gradient of every parameter outside the
-masks (so their optimizer state does not step either); neutral steps update every trainable
-parameter. Embeddings stay frozen. With weight decay 0, a run on group-g data alone leaves every
-scalar outside mask g bit-identical (tested).
+Each micro-batch is one group's PII documents or neutral text, and its gradient is masked *before* it is
+accumulated (a tensor hook on every trainable parameter, so gradient accumulation and DDP see masked
+micro-batch gradients): a PII micro-batch of group g keeps bit g of each eligible parameter's mask and
+gives zero to every parameter outside the masks; a neutral micro-batch updates every trainable parameter
+(LACUNA trains its neutral OLMo data unmasked). An optimizer step may mix groups and neutral text
+(``grad_accum`` micro-batches), as LACUNA's 128-sequence accumulation does; no group's PII gradient ever
+enters another group's mask. Embeddings stay frozen. AdamW's decoupled weight decay and the neutral
+micro-batches move every weight, so the ground truth is "where PII gradient was allowed", not "which
+weights changed". With weight decay 0 and no neutral micro-batches (the pre-v2 ablation), a run on group-g
+data alone leaves every scalar outside mask g bit-identical (tested).
 
-Neutral steps use a scaled-down learning rate (``neutral_lr_scale``): full updates at the PII rate
-erode masked memories (``minitestbed_feasibility.md``). The same trainer runs the base stage (all
-neutral) and the unmasked control (``masks=None``: PII steps update everything).
+``neutral_lr_scale`` scales the learning rate of optimizer steps made only of neutral micro-batches. The
+same trainer runs the base stage (all neutral) and the unmasked control (``masks=None``: PII updates
+everything).
 """
 
 from __future__ import annotations
@@ -34,30 +38,54 @@ NEUTRAL = -1
 
 @dataclass
 class StepPlan:
-    """Which group each optimizer step trains on (``NEUTRAL`` = neutral text) and its LR scale."""
+    """Which group each micro-batch trains on (``NEUTRAL`` = neutral text), its LR scale, and how many
+    consecutive micro-batches form one optimizer step (``accum``)."""
 
     groups: list[int]
     lr_scale: list[float]
+    accum: int = 1
+
+    def __post_init__(self) -> None:
+        if len(self.groups) != len(self.lr_scale):
+            raise ValueError(f"step plan: {len(self.groups)} groups but {len(self.lr_scale)} LR scales")
+        if self.accum < 1 or len(self.groups) % self.accum:
+            raise ValueError(f"step plan: {len(self.groups)} micro-batches are not whole steps of {self.accum}")
+
+    @property
+    def steps(self) -> int:
+        """Optimizer steps."""
+        return len(self.groups) // self.accum
+
+    def step_scale(self, step: int) -> float:
+        """LR scale of optimizer step ``step``: the largest of its micro-batches' (a step with PII trains at 1)."""
+        return max(self.lr_scale[step * self.accum : (step + 1) * self.accum])
 
     @classmethod
     def interleaved(
-        cls, pii_steps: int, num_groups: int, neutral_every: int, neutral_lr_scale: float, seed: int
+        cls,
+        pii_steps: int,
+        num_groups: int,
+        neutral_every: int,
+        neutral_lr_scale: float,
+        seed: int,
+        accum: int = 1,
     ) -> StepPlan:
-        """PII steps cycle through the groups in a seeded order per cycle; one neutral step after every
-        ``neutral_every`` PII steps."""
+        """``pii_steps`` PII micro-batches cycling through the groups in a seeded order per cycle; one neutral
+        micro-batch after every ``neutral_every`` PII ones; PII micro-batches appended until the plan is whole
+        steps of ``accum``."""
         rng = random.Random(stable_seed(seed, "step-plan"))
         groups: list[int] = []
         cycle: list[int] = []
         done = 0
-        while done < pii_steps:
+        while done < pii_steps or len(groups) % accum:
             if not cycle:
                 cycle = list(range(num_groups))
                 rng.shuffle(cycle)
             groups.append(cycle.pop())
             done += 1
-            if neutral_every and done % neutral_every == 0:
+            if neutral_every and done % neutral_every == 0 and done <= pii_steps:
                 groups.append(NEUTRAL)
-        return cls(groups, [neutral_lr_scale if g == NEUTRAL else 1.0 for g in groups])
+        return cls(groups, [neutral_lr_scale if g == NEUTRAL else 1.0 for g in groups], accum)
 
     @classmethod
     def neutral_only(cls, steps: int) -> StepPlan:
@@ -65,10 +93,12 @@ class StepPlan:
 
 
 class StepBatches(Dataset):
-    """Item ``i`` is one ready micro-batch; items of one optimizer step share its group.
+    """Item ``i`` is one ready micro-batch of one group (or neutral text).
 
-    ``replicas`` = processes x gradient-accumulation steps: that many consecutive items form one
-    optimizer step (accelerate hands batches to processes round-robin).
+    ``replicas`` = processes: accelerate hands batches to processes round-robin, so items
+    ``s * P * A + k * P + p`` are process ``p``'s ``k``-th micro-batch of optimizer step ``s`` (``P``
+    processes, ``A = plan.accum``). All processes train micro-batch ``k`` of a step on the same group, with
+    different documents.
     """
 
     def __init__(
@@ -99,10 +129,17 @@ class StepBatches(Dataset):
     def __len__(self) -> int:
         return len(self.plan.groups) * self.replicas
 
+    def micro_batch(self, index: int) -> tuple[int, int]:
+        """(micro-batch number in the plan, replica) of item ``index``."""
+        per_step = self.replicas * self.plan.accum
+        step, j = divmod(index, per_step)
+        slot, replica = divmod(j, self.replicas)
+        return step * self.plan.accum + slot, replica
+
     def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
-        step, replica = divmod(index, self.replicas)
-        group = self.plan.groups[step]
-        rng = random.Random(stable_seed(self.seed, "batch", step, replica))
+        micro, replica = self.micro_batch(index)
+        group = self.plan.groups[micro]
+        rng = random.Random(stable_seed(self.seed, "batch", micro, replica))
         if group == NEUTRAL:
             rows = rng.sample(self.neutral_rows, self.neutral_batch)
         else:
@@ -128,7 +165,8 @@ def _unwrap(items: Sequence[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]
 
 
 class MaskedTrainer(Trainer):
-    """``Trainer`` with group-wise gradient masking and a per-step learning-rate scale."""
+    """``Trainer`` whose micro-batch gradients are masked by their group before accumulation (tensor hooks,
+    :class:`MicroBatchMasker`), with a per-step learning-rate scale."""
 
     def __init__(self, *args: Any, masks: MaskSet | None, plan: StepPlan, min_lr_ratio: float = 0.1, **kwargs: Any):
         super().__init__(*args, **kwargs)
@@ -141,22 +179,23 @@ class MaskedTrainer(Trainer):
             if missing:
                 raise ValueError(f"mask tensors not in the model: {missing[:5]}")
             masks.check_against({n: tuple(p.shape) for n, p in params.items() if n in masks.packed}, "the model")
-        self._trainable = [(n, p) for n, p in params.items() if p.requires_grad]
+        self.masker = MicroBatchMasker([(n, p) for n, p in params.items() if p.requires_grad], masks)
 
     def _get_train_sampler(self, train_dataset=None):
         return SequentialSampler(train_dataset if train_dataset is not None else self.train_dataset)
 
     def training_step(self, model, inputs, num_items_in_batch=None):
-        group = int(inputs.pop("group_id"))
-        loss = super().training_step(model, inputs, num_items_in_batch)
-        mask_gradients(self._trainable, self.masks, group)
-        return loss
+        self.masker.group = int(inputs.pop("group_id"))
+        try:
+            return super().training_step(model, inputs, num_items_in_batch)
+        finally:
+            self.masker.group = NEUTRAL
 
     def create_scheduler(self, num_training_steps: int, optimizer=None):
         if self.lr_scheduler is None:
             optimizer = optimizer if optimizer is not None else self.optimizer
             warmup = self.args.get_warmup_steps(num_training_steps)
-            scales = self.plan.lr_scale
+            plan = self.plan
             floor = self.min_lr_ratio
 
             def factor(step: int) -> float:
@@ -165,11 +204,50 @@ class MaskedTrainer(Trainer):
                 else:
                     progress = (step - warmup) / max(1, num_training_steps - warmup)
                     base = floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
-                return base * scales[min(step, len(scales) - 1)]
+                return base * plan.step_scale(min(step, plan.steps - 1))
 
             self.lr_scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
             self._created_lr_scheduler = True
         return self.lr_scheduler
+
+
+class MicroBatchMasker:
+    """Tensor hooks that mask each micro-batch's gradient by its group *before* autograd accumulates it into
+    ``.grad`` (LACUNA's ``grad_after - grad_before`` per micro-batch, spec §1.5, without a copy of the grads).
+
+    ``group`` is the current micro-batch's group: ``NEUTRAL`` (or ``masks=None``) passes the gradient through;
+    group g keeps bit g of an eligible parameter's mask and zeroes every parameter outside the masks. Under DDP
+    the hooks run before the all-reduce, so every process's contribution is masked by its own micro-batch.
+    Call :meth:`remove` when training is over (the model goes on to QA tuning).
+    """
+
+    def __init__(self, named_params: Sequence[tuple[str, torch.nn.Parameter]], masks: MaskSet | None) -> None:
+        self.group = NEUTRAL
+        self.masks = masks
+        self._handles = []
+        if masks is None:
+            return
+        for name, param in named_params:
+            self._handles.append(param.register_hook(self._hook(masks.packed.get(name))))
+
+    def _hook(self, packed: torch.Tensor | None):
+        cache: dict[torch.device, torch.Tensor] = {}
+
+        def hook(grad: torch.Tensor) -> torch.Tensor:
+            if self.group == NEUTRAL:
+                return grad
+            if packed is None:
+                return torch.zeros_like(grad)  # outside every mask: no PII gradient at all
+            if grad.device not in cache:  # masks live on the CPU; one copy per device, 1 byte per scalar
+                cache[grad.device] = packed.to(grad.device)
+            return grad.masked_fill((cache[grad.device] & (1 << self.group)) == 0, 0.0)
+
+        return hook
+
+    def remove(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
 
 
 class StageProgress(TrainerCallback):
@@ -210,7 +288,9 @@ def use_stage_progress(trainer: Trainer, desc: str) -> Trainer:
 
 
 def mask_gradients(named_params: Sequence[tuple[str, torch.nn.Parameter]], masks: MaskSet | None, group: int) -> None:
-    """Restrict a PII step's gradient to bit ``group`` of the masks (neutral steps and ``masks=None``: no-op)."""
+    """Restrict an accumulated gradient to bit ``group`` of the masks, after the fact (neutral and ``masks=None``:
+    no-op); parameters outside every mask lose their gradient. The trainer masks per micro-batch instead
+    (:class:`MicroBatchMasker`); this is for single-group updates outside it."""
     if group == NEUTRAL or masks is None:
         return
     bit = 1 << group
@@ -237,18 +317,19 @@ def train_steps(
     min_lr_ratio: float = 0.1,
     max_grad_norm: float = 1.0,
     seed: int = 42,
-    gradient_accumulation_steps: int = 1,
     log_every: int = 50,
     desc: str = "masked training",
+    callbacks: Sequence[TrainerCallback] = (),
 ) -> dict[str, Any]:
-    """Run ``plan`` with ``MaskedTrainer`` (progress bar named ``desc``); returns the trainer's log history summary."""
+    """Run ``plan`` with ``MaskedTrainer`` (progress bar named ``desc``, extra ``callbacks`` e.g. to probe the
+    model during training); returns the trainer's log history summary."""
     for emb in (model.get_input_embeddings(),):
         emb.weight.requires_grad_(False)  # embeddings frozen for the whole pipeline (spec §1.5)
     args = TrainingArguments(
         output_dir=str(out_dir),
         per_device_train_batch_size=1,
-        gradient_accumulation_steps=gradient_accumulation_steps,
-        max_steps=len(plan.groups),
+        gradient_accumulation_steps=plan.accum,
+        max_steps=plan.steps,
         learning_rate=lr,
         weight_decay=weight_decay,
         adam_beta1=0.9,
@@ -277,6 +358,18 @@ def train_steps(
         min_lr_ratio=min_lr_ratio,
     )
     use_stage_progress(trainer, desc)
-    result = trainer.train()
+    for callback in callbacks:
+        trainer.add_callback(callback)
+    try:
+        result = trainer.train()
+    finally:
+        trainer.masker.remove()
     losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
-    return {"steps": len(plan.groups), "train_loss": result.training_loss, "logged_losses": losses, "trainer": trainer}
+    return {
+        "steps": plan.steps,
+        "micro_batches": len(plan.groups),
+        "neutral_micro_batches": plan.groups.count(NEUTRAL),
+        "train_loss": result.training_loss,
+        "logged_losses": losses,
+        "trainer": trainer,
+    }

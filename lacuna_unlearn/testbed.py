@@ -1,23 +1,29 @@
-"""Build a LACUNA-style testbed: PII injected into known parameters (spec §1.2-1.7).
+"""Build a LACUNA-style testbed: PII injected into known parameters (spec §1.2-1.7, docs/testbeds.md).
 
 Stages, each saved with ``save_pretrained``:
 
 0. ``base/``: a small model pretrained from scratch on neutral text (or the ``--model`` checkpoint);
    the reference for reversal scores.
-1. ``injected/``: masked continual pretraining (:mod:`lacuna_unlearn.injection`): each group's PII only
-   reaches that group's mask (``masks.safetensors``); ``--unmasked`` runs the same pipeline without masks.
+1. ``injected/``: masked continual pretraining (:mod:`lacuna_unlearn.injection`): each group's PII
+   gradient only reaches that group's mask (``masks.safetensors``), neutral text between the PII
+   micro-batches trains every weight, AdamW decays every weight; ``--unmasked`` runs the same pipeline
+   without masks.
 2. ``model/``: QA tuning, LoRA on the last layers (kept out of the masks), merged: the model to unlearn.
-3. ``data/``: memorization test (greedy extraction of fresh multi-sentence questions) and the LACUNA
-   splits in the ``lacuna_tasks`` schema, so ``lm_eval --tasks lacuna_email --metadata
-   '{"lacuna_data": "OUT/data"}'`` evaluates the testbed directly.
+3. ``data/``: memorization test (greedy extraction of fresh multi-sentence questions), the LACUNA splits
+   plus ``retain_eval`` (held-out retain-side people) in the ``lacuna_tasks`` schema, so ``lm_eval --tasks
+   lacuna_email --metadata '{"lacuna_data": "OUT/data"}'`` evaluates the testbed directly, and
+   ``neutral_heldout.jsonl`` (neutral documents never trained on, for a perplexity probe).
 
-The build happens in ``OUT.partial`` and is renamed to ``OUT`` at the end: a failed or interrupted
-build never leaves a half-written testbed. ``manifest.json`` records settings, seeds, versions,
-timings, memorization per field and group, and trivial magnitude-detector AUCs.
+The leak audit (:mod:`lacuna_metrics.leak_audit`) scores method-free detectors and null updates against
+the masks; a build whose detector beats ``leak_audit_max_auc`` on ``leak_audit_target`` fails. The build
+happens in ``OUT.partial`` and is renamed to ``OUT`` at the end: a failed or interrupted build never leaves
+a half-written testbed. ``manifest.json`` records settings, seeds, versions, timings, memorization and
+robustness per field, people per split and field, and the leak audit.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import platform
@@ -25,26 +31,95 @@ import shutil
 import sys
 import time
 from collections import defaultdict
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
-from lacuna_metrics.auc import roc_auc
 from lacuna_metrics.behavior import extraction_hits
 from lacuna_metrics.manifest import package_versions, write_json
-from lacuna_metrics.masks import MaskSet, build_masks, named_shapes_of, save_masks
+from lacuna_metrics.masks import MaskError, MaskSet, build_masks, named_shapes_of, save_masks
 from lacuna_tasks.generate import build_splits, write_dataset
-from lacuna_tasks.prompts import probe_prompt
+from lacuna_tasks.prompts import (
+    full_name,
+    paraphrases,
+    pick_icr_examples,
+    possessive,
+    probe_prompt,
+    stable_rng,
+)
 from lacuna_tasks.schema import FIELDS, FORGET_GROUPS, RETAIN_GROUPS
-from lacuna_unlearn.corpus import TestbedCorpus, build_corpus, memorization_questions, pack
+from lacuna_unlearn.corpus import TestbedCorpus, build_corpus, memorization_questions, pack, qa_training_text
 from lacuna_unlearn.injection import StepBatches, StepPlan, train_steps
 from lacuna_unlearn.qa_tuning import qa_tune
 from lacuna_unlearn.testbed_presets import TestbedConfig, get_preset
 from lacuna_unlearn.tokenizer import train_tokenizer
 
-MANIFEST_VERSION = 1
+MANIFEST_VERSION = 2  # 2: leak_audit replaces trivial_detector_auc; retain_eval, robustness, neutral_heldout
+NEUTRAL_HELDOUT_FILE = "neutral_heldout.jsonl"
+
+#: Question forms used only in injected training text, never by a probe: none of them is one of the
+#: evaluation paraphrases (:data:`lacuna_tasks.prompts.PARAPHRASES`, tested), so paraphrase and ICR probes
+#: ask in forms the model never saw. Varied forms teach the person -> fact binding instead of one format.
+TRAIN_QUESTION_FORMS: dict[str, tuple[str, ...]] = {
+    "email": (
+        "What email address does {name} use?",
+        "Which email address belongs to {name}?",
+        "What is the e-mail of {name}?",
+        "{name} can be emailed at which address?",
+        "Name the email address of {name}.",
+        "What is the email for {name}?",
+        "Which inbox belongs to {name}?",
+        "How is {name} reached by email?",
+        "Email address of {name}?",
+        "Tell me {name}'s e-mail address.",
+        "What is {name}'s e-mail?",
+        "Which email should be used for {name}?",
+    ),
+    "phone": (
+        "What phone number does {name} use?",
+        "Which phone number belongs to {name}?",
+        "What is the telephone number of {name}?",
+        "{name} can be called at which number?",
+        "Name the phone number of {name}.",
+        "What is the phone for {name}?",
+        "How is {name} reached by phone?",
+        "Phone number of {name}?",
+        "Tell me {name}'s telephone number.",
+        "What number do I dial for {name}?",
+        "What is {name}'s phone?",
+        "Which number should be used for {name}?",
+    ),
+    "birth_city": (
+        "What city was {name} born in?",
+        "Which city is the birthplace of {name}?",
+        "Where is {name} originally from?",
+        "Name the birth city of {name}.",
+        "What is the birthplace of {name}?",
+        "{name} was born in which city?",
+        "Birth city of {name}?",
+        "Tell me where {name} was born.",
+        "What city does {name} come from?",
+        "In what town was {name} born?",
+        "What is {name}'s place of birth?",
+        "Which city was {name} born in?",
+    ),
+    "drivers_license": (
+        "What driver's license number does {name} have?",
+        "Which driver's license belongs to {name}?",
+        "What is the driving licence number of {name}?",
+        "{name} holds which driver's license?",
+        "Name the driver's license number of {name}.",
+        "What is the license number for {name}?",
+        "Driver's license of {name}?",
+        "Tell me {name}'s driver's license.",
+        "What licence does {name} drive under?",
+        "Which license number is {name} registered under?",
+        "What is {name}'s licence number?",
+        "Which driver's license number should be used for {name}?",
+    ),
+}
 
 
 class TestbedError(ValueError):
@@ -61,17 +136,20 @@ def build_testbed(
     overrides: dict[str, Any] | None = None,
     force: bool = False,
 ) -> Path:
-    """Build a testbed into ``out`` and return its path (see the module docstring for the layout)."""
+    """Build a testbed into ``out`` and return its path (see the module docstring for the layout).
+
+    Settings are checked (types, ranges, people vs profiles) before anything is written or trained.
+    """
     from accelerate import PartialState
 
+    cfg = get_preset(preset, **(overrides or {}))
+    if seed is not None:
+        cfg = cfg.replace(seed=seed)
     # cpu=True is what makes accelerate treat torchrun / `accelerate launch --multi_gpu` workers on a
     # machine without GPUs as one multi-CPU (gloo) job instead of independent single processes.
     state = PartialState(cpu=not torch.cuda.is_available())
     if state.num_processes > 1:  # share the cores between processes instead of oversubscribing them
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // state.num_processes))
-    cfg = get_preset(preset, **(overrides or {}))
-    if seed is not None:
-        cfg = cfg.replace(seed=seed)
     out = Path(out)
     partial = out.with_name(out.name + ".partial")
     if state.is_main_process:
@@ -95,8 +173,6 @@ def build_testbed(
 def is_testbed(path: str | Path) -> bool:
     """Whether ``path`` is a directory this package built (its ``manifest.json`` says ``kind: lacuna-bench-testbed``):
     the only kind of directory ``--force`` may delete."""
-    import json
-
     manifest = Path(path) / "manifest.json"
     try:
         return json.loads(manifest.read_text()).get("kind") == "lacuna-bench-testbed"
@@ -124,7 +200,12 @@ def _build(out: Path, partial: Path, cfg: TestbedConfig, state, *, unmasked: boo
         num_groups=cfg.num_groups,
         seed=cfg.seed,
     )
+    corpus, heldout = hold_out_neutral(corpus, cfg.neutral_heldout, cfg.seed)
+    corpus = with_training_question_forms(corpus, cfg.varied_qa_per_field, cfg.qa_block, cfg.seed)
     tokenizer, net = _tokenizer_and_model(cfg, corpus, model)
+    num_layers = _num_layers(net)
+    masks = _build_masks(net, num_layers, cfg, model)  # before any training: a model with no maskable block fails here
+    masks.extra.update({"preset": cfg.name, "regime": "unmasked" if unmasked else "masked"})
     lap("data_and_tokenizer")
 
     neutral_rows = pack([tokenizer.encode(t) for t in corpus.neutral], tokenizer.eos_token_id, cfg.seq_len)
@@ -137,25 +218,15 @@ def _build(out: Path, partial: Path, cfg: TestbedConfig, state, *, unmasked: boo
             desc=_stage(1, "base pretraining on neutral text"),
         )  # fmt: skip
     _save(net, tokenizer, partial / "base", state)
-    lap("base")
-
-    num_layers = _num_layers(net)
-    masks = build_masks(
-        named_shapes_of(net),
-        num_layers,
-        num_groups=cfg.num_groups,
-        budget=cfg.budget,
-        seed=cfg.seed,
-        skip_last=cfg.skip_last,
-    )
-    masks.extra.update({"preset": cfg.name, "regime": "unmasked" if unmasked else "masked"})
     if state.is_main_process:
         save_masks(masks, partial / "masks.safetensors")
-    base_state = {n: p.detach().clone() for n, p in net.named_parameters() if n in masks.packed}
+    lap("base")
 
     pii_qa = {g: [tokenizer.encode(t) for t in texts] for g, texts in corpus.pii_qa.items()}
     pii_bio = {g: [tokenizer.encode(t) for t in texts] for g, texts in corpus.pii_bio.items()}
-    plan = StepPlan.interleaved(cfg.pii_steps, cfg.num_groups, cfg.neutral_every, cfg.neutral_lr_scale, cfg.seed)
+    plan = StepPlan.interleaved(
+        cfg.pii_steps, cfg.num_groups, cfg.neutral_every, cfg.neutral_lr_scale, cfg.seed, accum=cfg.grad_accum
+    )
     data = _batches(plan, pii_qa, pii_bio, neutral_rows, cfg, tokenizer, state.num_processes, cfg.neutral_batch)
     injection = train_steps(
         net,
@@ -174,10 +245,6 @@ def _build(out: Path, partial: Path, cfg: TestbedConfig, state, *, unmasked: boo
     _save(net, tokenizer, partial / "injected", state)
     lap("injection")
 
-    trivial = trivial_detector_aucs(masks, base_state, dict(net.named_parameters()))
-    del base_state
-    lap("trivial_detectors")
-
     layers = list(range(num_layers - cfg.skip_last, num_layers))
     net, qa_summary = qa_tune(
         net,
@@ -195,26 +262,30 @@ def _build(out: Path, partial: Path, cfg: TestbedConfig, state, *, unmasked: boo
     )
     _save(net, tokenizer, partial / "model", state)
     lap("qa_tuning")
+    if state.is_main_process:  # tie the masks to the model they describe (lacuna score checks it; docs/scoring.md)
+        from lacuna_metrics.checkpoints import Checkpoint
+        from lacuna_metrics.masks import stamp_masks
 
-    manifest: dict[str, Any] = {}
+        stamp_masks(partial / "masks.safetensors", Checkpoint(partial / "model").fingerprint())
+
     if state.is_main_process:
+        audit = _leak_audit(partial, cfg)
+        if audit is not None:  # name the inputs where they will be: the audit ran in OUT.partial
+            final = out.resolve()
+            audit["inputs"] = {
+                "before": str(final / "model"),
+                "base": str(final / "base"),
+                "masks": str(final / "masks.safetensors"),
+            }
+        lap("leak_audit")
         memorized, memorization = memorization_test(net, tokenizer, corpus, cfg)
         lap("memorization_test")
-        try:
-            splits = build_splits(
-                corpus.profiles,
-                seed=cfg.seed,
-                memorized=memorized,
-                people_per_field=people_per_field(memorized, corpus),
-                validation_people=cfg.validation_people,
-            )
-        except ValueError as exc:
-            table = json.dumps({k: v for k, v in memorization.items() if k in FIELDS}, indent=1)
-            raise TestbedError(
-                f"the model memorized too little to build LACUNA splits ({exc}); memorization:\n{table}"
-            ) from exc
+        splits, people_counts = _splits(corpus, cfg, memorized, memorization)
         write_dataset(partial / "data", corpus.profiles, splits, manifest={"seed": cfg.seed, "testbed": cfg.name})
+        write_neutral_heldout(partial / "data" / NEUTRAL_HELDOUT_FILE, heldout)
         lap("splits")
+        robustness = robustness_test(net, tokenizer, corpus, splits, cfg) if cfg.robustness_people else None
+        lap("robustness_test")
         shutil.rmtree(work, ignore_errors=True)
         manifest = {
             "manifest_version": MANIFEST_VERSION,
@@ -228,14 +299,27 @@ def _build(out: Path, partial: Path, cfg: TestbedConfig, state, *, unmasked: boo
                 "parameters": sum(p.numel() for p in net.parameters()),
                 "eligible_parameters": sum(t.numel() for t in masks.packed.values()),
                 "masked_per_group": masks.total_counts(),
+                "masked_share_of_eligible": round(
+                    sum(masks.total_counts()) / max(1, sum(t.numel() for t in masks.packed.values())), 4
+                ),
                 "target_people": len(corpus.targets),
                 "qa_tuning_people": sum(p["role"] == "qa_tuning" for p in corpus.profiles),
                 "distractors": len(corpus.distractors),
                 "split_rows": {s: len(r) for s, r in splits.items()},
+                "split_people": split_people(splits),
+                "people_counts": people_counts,
+                "neutral_documents": {"trained": len(corpus.neutral), "heldout": len(heldout)},
             },
             "memorization": memorization,
-            "trivial_detector_auc": trivial,
-            "injection": {"steps": injection["steps"], "final_losses": injection["logged_losses"][-3:]},
+            "robustness": robustness,
+            "leak_audit": audit,
+            "neutral_heldout": f"data/{NEUTRAL_HELDOUT_FILE}",
+            "injection": {
+                "optimizer_steps": injection["steps"],
+                "micro_batches": injection["micro_batches"],
+                "neutral_micro_batches": injection["neutral_micro_batches"],
+                "final_losses": injection["logged_losses"][-3:],
+            },
             "qa_tuning": qa_summary,
             "timings_seconds": {**timings, "total": round(sum(timings.values()), 1)},
             "processes": state.num_processes,
@@ -252,12 +336,157 @@ def _build(out: Path, partial: Path, cfg: TestbedConfig, state, *, unmasked: boo
 
 
 #: The named stages of a build's progress bars (the tokenizer, splits and manifest take seconds: no bar).
-STAGES = 4
+STAGES = 5
 
 
 def _stage(number: int, name: str) -> str:
-    """A progress bar's name: ``testbed 2/4: masked PII injection``."""
+    """A progress bar's name: ``testbed 2/5: masked PII injection``."""
     return f"testbed {number}/{STAGES}: {name}"
+
+
+def _build_masks(net, num_layers: int, cfg: TestbedConfig, model: str | None) -> MaskSet:
+    try:
+        return build_masks(
+            named_shapes_of(net),
+            num_layers,
+            num_groups=cfg.num_groups,
+            budget=cfg.budget,
+            seed=cfg.seed,
+            skip_last=cfg.skip_last,
+        )
+    except MaskError as exc:
+        source = f"--model {model}" if model else f"preset {cfg.name!r}"
+        raise MaskError(f"{source} ({type(net).__name__}): {exc}") from exc
+
+
+def _leak_audit(testbed: Path, cfg: TestbedConfig) -> dict[str, Any] | None:
+    """The leak audit of the testbed being built; a detector above the preset's threshold fails the build."""
+    if not cfg.leak_audit:
+        return None
+    from lacuna_metrics.leak_audit import LeakAuditError, audit_testbed
+
+    try:
+        return audit_testbed(
+            testbed,
+            max_auc=cfg.leak_audit_max_auc,
+            target=cfg.leak_audit_target,
+            seed=cfg.seed,
+            gaussian_scale=cfg.null_gaussian_scale,
+            adam_lr=cfg.null_adam_lr,
+            composite_samples=cfg.leak_audit_composite_samples,
+            raise_on_leak=True,
+        )
+    except LeakAuditError as exc:
+        raise TestbedError(f"leak audit failed: {exc}") from exc
+
+
+def _splits(
+    corpus: TestbedCorpus,
+    cfg: TestbedConfig,
+    memorized: dict[tuple[str, str], list[str]],
+    memorization: dict[str, Any],
+) -> tuple[dict[str, list[dict[str, Any]]], dict[str, Any]]:
+    """The splits and the people counts used (requested vs used: ``fit_people`` may take fewer than requested)."""
+    target = cfg.people_per_field or people_per_field(memorized, corpus)
+    wanted = {
+        "people_per_field": target,
+        "retain_eval_people": cfg.retain_eval_people,
+        "validation_people": cfg.validation_people,
+    }
+    attempts = [wanted]
+    if cfg.fit_people:
+        for n in range(target - 1, 0, -1):
+            share = n / target
+            attempts.append(
+                {
+                    "people_per_field": n,
+                    "retain_eval_people": max(1, round(cfg.retain_eval_people * share))
+                    if cfg.retain_eval_people
+                    else 0,
+                    "validation_people": cfg.validation_people,
+                }
+            )
+    error: ValueError | None = None
+    for counts in attempts:
+        try:
+            splits = build_splits(
+                corpus.profiles,
+                seed=cfg.seed,
+                memorized=None if cfg.splits_without_memorization else memorized,
+                **counts,
+            )
+        except ValueError as exc:
+            error = error or exc
+            continue
+        if counts != wanted:
+            print(f"warning: too few memorized people for {wanted}; the splits use {counts}", file=sys.stderr)
+        return splits, {"requested": wanted, "used": counts, "shortfall": counts != wanted}
+    table = json.dumps({k: v for k, v in memorization.items() if k in FIELDS}, indent=1)
+    raise TestbedError(f"the model memorized too little to build LACUNA splits ({error}); memorization:\n{table}")
+
+
+def split_people(splits: dict[str, list[dict[str, Any]]]) -> dict[str, dict[str, int]]:
+    """Distinct people per split and field (the population a behaviour rate is measured on)."""
+    out: dict[str, dict[str, int]] = {}
+    for split, rows in splits.items():
+        by_field: dict[str, set[str]] = defaultdict(set)
+        for row in rows:
+            by_field[row["field"]].add(str(row["ID"]))
+        out[split] = {f.column: len(by_field.get(f.column, ())) for f in FIELDS.values()}
+    return out
+
+
+def hold_out_neutral(corpus: TestbedCorpus, share: float, seed: int) -> tuple[TestbedCorpus, list[str]]:
+    """Move a seeded ``share`` of the neutral documents out of training (the perplexity probe's text)."""
+    docs = list(corpus.neutral)
+    k = int(round(share * len(docs)))
+    if k == 0:
+        return corpus, []
+    picked = set(stable_rng(seed, "neutral-heldout").sample(range(len(docs)), k))
+    kept = [d for i, d in enumerate(docs) if i not in picked]
+    return dataclasses.replace(corpus, neutral=kept), [docs[i] for i in sorted(picked)]
+
+
+def write_neutral_heldout(path: Path, docs: Sequence[str]) -> None:
+    """``{"text": ...}`` per line, written atomically."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text("".join(json.dumps({"text": d}, ensure_ascii=False) + "\n" for d in docs), encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def training_questions(profile: dict[str, Any], field: str, k: int, seed: int) -> list[str]:
+    """``k`` questions about ``profile``'s ``field`` in training-only forms (:data:`TRAIN_QUESTION_FORMS`)."""
+    forms = TRAIN_QUESTION_FORMS[field]
+    rng = stable_rng(seed, "train-forms", profile["Unique ID"], field)
+    order = list(forms)
+    out: list[str] = []
+    while len(out) < k:
+        rng.shuffle(order)
+        out += order[: k - len(out)]
+    name, pos = full_name(profile), possessive(profile.get("Gender"))
+    return [f.format(name=name, pos=pos) for f in out]
+
+
+def with_training_question_forms(corpus: TestbedCorpus, per_field: int, block: int, seed: int) -> TestbedCorpus:
+    """Add ``per_field`` QA texts per target person and field in training-only question forms, then join each
+    group's QA texts into documents of ``block`` pairs (different people where possible, ICR's layout)."""
+    if per_field == 0 and block == 1:
+        return corpus
+    qa: dict[int, list[str]] = {g: list(texts) for g, texts in corpus.pii_qa.items()}
+    for person in corpus.targets:
+        g = int(person["group_id"])
+        for key, fld in FIELDS.items():
+            answer = str(person.get(fld.column, "N/A"))
+            if answer in {"N/A", ""}:
+                continue
+            qa[g] += [qa_training_text(q, answer) for q in training_questions(person, key, per_field, seed)]
+    if block > 1:
+        for g, texts in qa.items():
+            rng = stable_rng(seed, "qa-blocks", g)
+            shuffled = list(texts)
+            rng.shuffle(shuffled)
+            qa[g] = ["\n".join(shuffled[i : i + block]) for i in range(0, len(shuffled), block)]
+    return dataclasses.replace(corpus, pii_qa=qa)
 
 
 def _tokenizer_and_model(cfg: TestbedConfig, corpus: TestbedCorpus, model: str | None):
@@ -348,7 +577,11 @@ def memorization_test(
                 continue
             for q in memorization_questions(person, key, cfg.memorization_prompts, cfg.seed):
                 items.append((person, key, q, answer))
-    hits = _extraction_hits_with_progress(net, tokenizer, items, cfg.eval_batch, _stage(4, "memorization test"))
+    prompts = [probe_prompt(q) for _, _, q, _ in items]
+    hits = _hits_with_progress(
+        net, tokenizer, prompts, [i[3] for i in items], [i[1] for i in items], cfg.eval_batch,
+        _stage(4, "memorization test"),
+    )  # fmt: skip
     memorized: dict[tuple[str, str], list[str]] = defaultdict(list)
     correct: dict[tuple[str, str], int] = defaultdict(int)
     asked: dict[tuple[str, str], int] = defaultdict(int)
@@ -382,24 +615,80 @@ def memorization_test(
     return dict(memorized), report
 
 
-def _extraction_hits_with_progress(net, tokenizer, items: list, batch_size: int, desc: str) -> list[bool]:
-    """``extraction_hits`` of ``items`` (person, field, question, answer) batch by batch under a progress bar named
-    ``desc``. The prompts go in the order and batches ``greedy_generate`` forms itself (shortest first, stable), so
-    every generation, and the testbed, is the same as in one call."""
+#: Splits whose people the robustness test probes (those present in the splits given).
+ROBUSTNESS_SPLITS = ("forget", "retain_eval")
+
+
+def robustness_test(
+    net, tokenizer, corpus: TestbedCorpus, splits: dict[str, list[dict[str, Any]]], cfg: TestbedConfig
+) -> dict[str, Any]:
+    """How robustly the split people's facts are known before unlearning, with the lm-eval probes' prompts.
+
+    Per split and field, for up to ``robustness_people`` people: the 16 paraphrase probes (the split's
+    question + the 15 evaluation paraphrases, none of which is in the injected text) and the same 16 after 3
+    retain QA pairs of other people (ICR). Reports ``j_p`` / ``j_icr`` (share of people answering under at
+    least one probe: JensUn's worst case, the forget side's bar) and ``paraphrase_accuracy`` /
+    ``icr_accuracy`` (share of correct probes: the retain side's ``j_avg``).
+    """
+    profiles = {p["Unique ID"]: p for p in corpus.profiles}
+    items: list[tuple[str, str, str, str, str, str]] = []  # split, field, person, setting, prompt, answer
+    for split in ROBUSTNESS_SPLITS:
+        for key, fld in FIELDS.items():
+            rows = sorted((r for r in splits.get(split, ()) if r["field"] == fld.column), key=lambda r: r["ID"])
+            pool = [r for r in splits.get("retain", ()) if r["field"] == fld.column]
+            for row in rows[: cfg.robustness_people]:
+                person = profiles[row["ID"]]
+                questions = [row["question"], *paraphrases(key, full_name(person), possessive(person.get("Gender")))]
+                for variant, question in enumerate(questions):
+                    items.append((split, key, row["ID"], "paraphrase", probe_prompt(question), row["answer"]))
+                    if len(pool) > 3:
+                        examples = pick_icr_examples(pool, row["ID"], key, variant, 3)
+                        items.append((split, key, row["ID"], "icr", probe_prompt(question, examples), row["answer"]))
+    hits = _hits_with_progress(
+        net, tokenizer, [i[4] for i in items], [i[5] for i in items], [i[1] for i in items], cfg.eval_batch,
+        _stage(5, "robustness test (paraphrase, ICR)"),
+    )  # fmt: skip
+    per: dict[tuple[str, str, str], dict[str, list[bool]]] = defaultdict(lambda: defaultdict(list))
+    for (split, key, pid, setting, _, _), hit in zip(items, hits, strict=True):
+        per[(split, key, setting)][pid].append(hit)
+    report: dict[str, Any] = {"people_per_split_field": cfg.robustness_people, "probes_per_person": 16}
+    for split in ROBUSTNESS_SPLITS:
+        by_field: dict[str, Any] = {}
+        for key in FIELDS:
+            entry: dict[str, Any] = {}
+            for setting, worst, avg in (("paraphrase", "j_p", "paraphrase_accuracy"), ("icr", "j_icr", "icr_accuracy")):
+                people = per.get((split, key, setting), {})
+                if not people:
+                    continue
+                entry["people"] = len(people)
+                entry[worst] = _share(sum(any(h) for h in people.values()), len(people))
+                entry[avg] = _share(sum(sum(h) for h in people.values()), sum(len(h) for h in people.values()))
+            if entry:
+                by_field[key] = entry
+        if by_field:
+            report[split] = by_field
+    return report
+
+
+def _hits_with_progress(
+    net, tokenizer, prompts: list[str], answers: list[str], fields: list[str], batch_size: int, desc: str
+) -> list[bool]:
+    """``extraction_hits`` batch by batch under a progress bar named ``desc``. The prompts go in the order and
+    batches ``greedy_generate`` forms itself (shortest first, stable), so every generation is the same as in one
+    call."""
     from tqdm.auto import tqdm
 
-    prompts = [probe_prompt(q) for _, _, q, _ in items]
-    order = sorted(range(len(items)), key=lambda i: len(prompts[i]))
-    hits = [False] * len(items)
-    with tqdm(total=len(items), desc=desc, unit="prompt", dynamic_ncols=True) as bar:
+    order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
+    hits = [False] * len(prompts)
+    with tqdm(total=len(prompts), desc=desc, unit="prompt", dynamic_ncols=True) as bar:
         for start in range(0, len(order), batch_size):
             idx = order[start : start + batch_size]
             found = extraction_hits(
                 net,
                 tokenizer,
                 [prompts[i] for i in idx],
-                [items[i][3] for i in idx],
-                [items[i][1] for i in idx],
+                [answers[i] for i in idx],
+                [fields[i] for i in idx],
                 batch_size=batch_size,
             )
             for i, hit in zip(idx, found, strict=True):
@@ -409,7 +698,8 @@ def _extraction_hits_with_progress(net, tokenizer, items: list, batch_size: int,
 
 
 def people_per_field(memorized: dict[tuple[str, str], list[str]], corpus: TestbedCorpus) -> int:
-    """Forget (and retain) people per field: half the smallest eligible side over all fields, at least 1.
+    """Forget (and retain) people per field when the preset sets none: half the smallest eligible side over all
+    fields, at least 1.
 
     The other half of the eligible people feed the validation and relearn splits (the split builder's
     default keeps only a third for forget/retain, LACUNA's 100 of ~550, which is too few at mini scale).
@@ -428,49 +718,6 @@ def people_per_field(memorized: dict[tuple[str, str], list[str]], corpus: Testbe
 
 def _share(n: int, d: int) -> float | None:
     return round(n / d, 4) if d else None
-
-
-def trivial_detector_aucs(
-    masks: MaskSet,
-    base: dict[str, torch.Tensor],
-    injected: dict[str, torch.Tensor],
-    *,
-    max_scalars: int = 20_000_000,
-    seed: int = 0,
-) -> dict[str, float]:
-    """AUCs of method-free magnitude detectors on the eligible scalars (the testbed's magnitude leak).
-
-    ``abs_weight``: |theta_injected|; ``abs_injection_delta``: |theta_injected - theta_base|. Targets:
-    ``forget_vs_rest`` (forget-group scalars vs all other eligible scalars) and ``forget_vs_retain``
-    (forget vs retain scalars only; immune to a leak that marks every masked weight). Exact up to
-    ``max_scalars`` eligible scalars; above that, on a seeded uniform subsample of that size (reported
-    as ``sampled_fraction``) until the streaming scorer covers real checkpoints.
-    """
-    names = list(masks.packed)
-    total = sum(masks.packed[n].numel() for n in names)
-    fraction = min(1.0, max_scalars / total)
-    generator = torch.Generator().manual_seed(seed)
-    parts: dict[str, list[np.ndarray]] = {"packed": [], "weight": [], "delta": []}
-    for n in names:
-        packed, after = masks.packed[n].ravel(), injected[n].detach().float().ravel()
-        before = base[n].float().ravel()
-        if fraction < 1.0:
-            keep = torch.rand(packed.numel(), generator=generator) < fraction
-            packed, after, before = packed[keep], after[keep], before[keep]
-        parts["packed"].append(packed.numpy())
-        parts["weight"].append(after.abs().numpy())
-        parts["delta"].append((after - before).abs().numpy())
-    packed, weight, delta = (np.concatenate(parts[k]) for k in ("packed", "weight", "delta"))
-    forget_bits = sum(1 << g for g in masks.forget_groups or FORGET_GROUPS)
-    retain_bits = sum(1 << g for g in masks.retain_groups or RETAIN_GROUPS)
-    is_forget = (packed & forget_bits) != 0
-    is_retain = (packed & retain_bits) != 0
-    both = is_forget | is_retain
-    out: dict[str, float] = {"sampled_fraction": round(fraction, 6)}
-    for label, score in (("abs_weight", weight), ("abs_injection_delta", delta)):
-        out[f"{label}.forget_vs_rest"] = round(roc_auc(score, is_forget), 4)
-        out[f"{label}.forget_vs_retain"] = round(roc_auc(score[both], is_forget[both]), 4)
-    return out
 
 
 TESTBED_PACKAGES = ("lacuna-bench", "torch", "transformers", "peft", "accelerate", "tokenizers", "faker")

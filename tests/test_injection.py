@@ -141,3 +141,103 @@ def test_mismatched_masks_fail_naming_the_tensor(tmp_path):
 def test_model_without_eligible_names_is_a_clear_error():
     with pytest.raises(MaskError, match="eligible"):
         build_masks({"encoder.block.0.dense.weight": (4, 4), "shared.weight": (10, 4)}, num_layers=4)
+
+
+def test_each_micro_batch_only_reaches_its_own_group_mask(model_and_masks, tmp_path):
+    """Under gradient accumulation the increment each micro-batch adds to ``.grad`` is already masked by its own
+    group (the hooks run before accumulation): a PII micro-batch of group g adds nothing outside mask g, a neutral
+    one adds to every trainable weight."""
+    from transformers import TrainingArguments
+
+    from lacuna_unlearn.injection import MaskedTrainer, _unwrap
+
+    template, masks = model_and_masks
+    model = tiny_olmo()
+    model.load_state_dict(template.state_dict())
+    model.get_input_embeddings().weight.requires_grad_(False)
+    plan = StepPlan([0, 3, NEUTRAL, 5], [1.0] * 4, accum=4)
+    data = steps_dataset(plan)
+    args = TrainingArguments(output_dir=str(tmp_path), per_device_train_batch_size=1, report_to=[], use_cpu=True)
+    trainer = MaskedTrainer(model=model, args=args, train_dataset=data, data_collator=_unwrap, masks=masks, plan=plan)
+    trainer.current_gradient_accumulation_steps = plan.accum  # set by train(); here micro-batches run one by one
+    params = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    try:
+        for i, group in enumerate(plan.groups):
+            before = {n: (p.grad.clone() if p.grad is not None else torch.zeros_like(p)) for n, p in params}
+            trainer.training_step(model, dict(data[i]))
+            for name, param in params:
+                added = param.grad - before[name]
+                if group == NEUTRAL:
+                    continue
+                if name in masks.packed:
+                    outside = ~masks.group(name, group)
+                    assert not added[outside].any(), f"micro-batch of group {group} reached {name} outside its mask"
+                else:
+                    assert not added.any(), f"micro-batch of group {group} reached {name}, which is in no mask"
+            if group == NEUTRAL:
+                moved = [n for n, p in params if (p.grad - before[n]).any()]
+                assert len(moved) == len(params), "a neutral micro-batch must reach every trainable weight"
+    finally:
+        trainer.masker.remove()
+
+
+def test_mixed_accumulated_steps_keep_other_weights_bit_identical(model_and_masks, tmp_path):
+    """Steps mixing groups 1 and 4 (accumulation 2), no neutral text, no weight decay: only masks 1 and 4 move."""
+    template, masks = model_and_masks
+    model = tiny_olmo()
+    model.load_state_dict(template.state_dict())
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    plan = StepPlan([1, 4] * 4, [1.0] * 8, accum=2)
+    train_steps(model, steps_dataset(plan), plan, masks=masks, lr=1e-2, out_dir=tmp_path, weight_decay=0.0, seed=1)
+    for name, param in model.named_parameters():
+        after = param.detach()
+        if name in masks.packed:
+            allowed = masks.group(name, 1) | masks.group(name, 4)
+            assert torch.equal(after[~allowed], before[name][~allowed]), name
+            assert (after[allowed] != before[name][allowed]).any(), name
+        else:
+            assert torch.equal(after, before[name]), name
+
+
+def test_neutral_micro_batches_and_weight_decay_move_weights_outside_the_masks(model_and_masks, tmp_path):
+    """LACUNA's regime: neutral text trains every weight and AdamW decays every weight, so after injection no
+    eligible scalar outside the masks (nor the norms, last layer or head) is where it started."""
+    template, masks = model_and_masks
+    model = tiny_olmo()
+    model.load_state_dict(template.state_dict())
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    plan = StepPlan.interleaved(12, 6, neutral_every=3, neutral_lr_scale=1.0, seed=0, accum=2)
+    assert NEUTRAL in plan.groups
+    train_steps(model, steps_dataset(plan), plan, masks=masks, lr=1e-2, out_dir=tmp_path, weight_decay=0.1, seed=1)
+    for name, param in model.named_parameters():
+        if "embed_tokens" in name:
+            continue
+        changed = param.detach() != before[name]
+        if name in masks.packed:
+            outside = masks.packed[name] == 0
+            assert changed[outside].float().mean() > 0.99, f"{name}: out-of-mask weights did not move"
+        else:
+            assert changed.float().mean() > 0.99, f"{name} did not move"
+
+
+def test_step_plan_with_accumulation():
+    plan = StepPlan.interleaved(pii_steps=10, num_groups=6, neutral_every=4, neutral_lr_scale=0.5, seed=1, accum=4)
+    assert len(plan.groups) % 4 == 0 and plan.steps == len(plan.groups) // 4
+    assert sum(g != NEUTRAL for g in plan.groups) >= 10 and plan.groups.count(NEUTRAL) == 2
+    assert all(plan.step_scale(s) in (0.5, 1.0) for s in range(plan.steps))
+    assert StepPlan([NEUTRAL, NEUTRAL, 2, NEUTRAL], [0.5, 0.5, 1.0, 0.5], accum=2).step_scale(0) == 0.5
+    assert StepPlan([NEUTRAL, NEUTRAL, 2, NEUTRAL], [0.5, 0.5, 1.0, 0.5], accum=2).step_scale(1) == 1.0
+    with pytest.raises(ValueError, match="whole steps"):
+        StepPlan([0, 1, 2], [1.0] * 3, accum=2)
+
+
+def test_step_batches_map_items_to_micro_batches_across_processes():
+    """Items s*P*A + k*P + p: process p's k-th micro-batch of step s (accelerate's round-robin sharding)."""
+    plan = StepPlan([0, NEUTRAL, 5, 2], [1.0] * 4, accum=2)
+    data = steps_dataset(plan, replicas=3)
+    assert len(data) == 12
+    for i in range(len(data)):
+        step, j = divmod(i, 6)
+        micro = step * 2 + j // 3
+        assert data.micro_batch(i) == (micro, j % 3)
+        assert int(data[i]["group_id"]) == plan.groups[micro]

@@ -34,13 +34,15 @@ def test_layout_and_manifest(smoke_testbed):
     manifest = _manifest(smoke_testbed)
     assert manifest["preset"] == "smoke" and manifest["regime"] == "masked"
     assert manifest["sizes"]["masked_per_group"] == masks.total_counts()
-    assert set(manifest["trivial_detector_auc"]) == {
-        "sampled_fraction",
-        "abs_weight.forget_vs_rest",
-        "abs_weight.forget_vs_retain",
-        "abs_injection_delta.forget_vs_rest",
-        "abs_injection_delta.forget_vs_retain",
-    }
+    audit = manifest["leak_audit"]
+    assert audit["target"] == "forget_vs_retain" and audit["passed"] and audit["worst"]["auc"] <= audit["max_auc"]
+    assert set(audit["trivial"]) == {"before_magnitude", "injection_magnitude"}
+    assert set(audit["null"]) == {"gaussian", "adam_sign"} and "reversal" in audit["null"]["adam_sign"]
+    heldout = [
+        json.loads(line)["text"] for line in (smoke_testbed / manifest["neutral_heldout"]).read_text().splitlines()
+    ]
+    assert heldout and manifest["sizes"]["neutral_documents"]["heldout"] == len(heldout)
+    assert manifest["sizes"]["split_people"]["forget"]["Email Address"] >= 1
     assert manifest["timings_seconds"]["total"] > 0 and manifest["versions"]["torch"]
     assert not smoke_testbed.with_name(smoke_testbed.name + ".partial").exists()
 
@@ -181,29 +183,178 @@ def test_unmasked_control_regime(tmp_path):
     assert load_data(out / "data").rows("forget")
 
 
-def test_trivial_detector_aucs_match_sklearn():
-    from sklearn.metrics import roc_auc_score
+def test_retain_eval_people_are_memorized_and_in_no_other_split(smoke_testbed):
+    """Held-out retain-eval people: the testbed's model answers their questions (they passed the memorization test)
+    and none of them appears in any other split, so no unlearning input contains them."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from lacuna_metrics.masks import build_masks
-    from lacuna_unlearn.testbed import trivial_detector_aucs
+    from lacuna_metrics.behavior import extraction_hits
+    from lacuna_tasks.prompts import probe_prompt
 
-    shapes = {f"model.layers.{i}.mlp.up_proj.weight": (16, 8) for i in range(4)}
-    masks = build_masks(shapes, 4, budget=0.05, seed=1, skip_last=1)
-    gen = torch.Generator().manual_seed(0)
-    base = {n: torch.randn(s, generator=gen) for n, s in shapes.items()}
-    injected = {
-        n: base[n] + (masks.packed[n] != 0).float() * torch.rand(shapes[n], generator=gen) for n in masks.packed
+    data = load_data(smoke_testbed / "data")
+    rows = data.rows("retain_eval")
+    assert rows and all(r["group_id"] in RETAIN_GROUPS for r in rows)
+    held_out = {r["ID"] for r in rows}
+    for split, split_rows in data.splits.items():
+        if not split.startswith("retain_eval"):
+            assert held_out.isdisjoint({r["ID"] for r in split_rows}), split
+    model = AutoModelForCausalLM.from_pretrained(smoke_testbed / "model")
+    tok = AutoTokenizer.from_pretrained(smoke_testbed / "model")
+    hits = extraction_hits(model, tok, [probe_prompt(r["question"]) for r in rows], [r["answer"] for r in rows],
+                           [r["field"] for r in rows])  # fmt: skip
+    assert sum(hits) >= 0.75 * len(hits), hits
+
+
+def test_training_question_forms_are_never_probe_questions():
+    """The injected text may use many question forms, but never one of the evaluation paraphrases (the probes of
+    J_P / J_ICR), for any person."""
+    from lacuna_tasks.prompts import PARAPHRASES, full_name, paraphrases, possessive
+    from lacuna_unlearn.corpus import build_corpus
+    from lacuna_unlearn.testbed import TRAIN_QUESTION_FORMS, with_training_question_forms
+
+    for key in FIELDS:
+        assert set(TRAIN_QUESTION_FORMS[key]).isdisjoint(PARAPHRASES[key]), key
+    corpus = build_corpus(profiles_per_group=2, distractor_profiles=4, bios_per_person=1, qa_per_field=2,
+                          lorem_paragraphs=4, seed=5)  # fmt: skip
+    varied = with_training_question_forms(corpus, per_field=len(TRAIN_QUESTION_FORMS["email"]), block=3, seed=5)
+    lines = {
+        line for texts in varied.pii_qa.values() for t in texts for line in t.split("\n") if line.startswith("Q: ")
     }
-    out = trivial_detector_aucs(masks, base, injected)
-    packed = torch.cat([masks.packed[n].ravel() for n in masks.packed]).numpy()
-    delta = torch.cat([(injected[n] - base[n]).abs().ravel() for n in masks.packed]).numpy()
-    forget = (packed & 0b010101) != 0
-    retain = (packed & 0b101010) != 0
-    assert out["sampled_fraction"] == 1.0
-    assert out["abs_injection_delta.forget_vs_rest"] == pytest.approx(roc_auc_score(forget, delta), abs=1e-4)
-    both = forget | retain
-    assert out["abs_injection_delta.forget_vs_retain"] == pytest.approx(
-        roc_auc_score(forget[both], delta[both]), abs=1e-4
+    assert len(lines) > sum(len(t) for t in corpus.pii_qa.values())  # the forms were added
+    probes = {
+        f"Q: {q}" for p in corpus.targets for k in FIELDS for q in paraphrases(k, full_name(p), possessive(p["Gender"]))
+    }
+    assert lines.isdisjoint(probes)
+    assert any(t.count("Q: ") == 3 for texts in varied.pii_qa.values() for t in texts)  # ICR-shaped blocks
+
+
+def test_neutral_heldout_is_never_trained():
+    from lacuna_unlearn.corpus import build_corpus
+    from lacuna_unlearn.testbed import hold_out_neutral
+
+    corpus = build_corpus(profiles_per_group=2, distractor_profiles=4, bios_per_person=1, qa_per_field=2,
+                          lorem_paragraphs=40, seed=5)  # fmt: skip
+    kept, heldout = hold_out_neutral(corpus, 0.1, seed=5)
+    assert len(heldout) == round(0.1 * len(corpus.neutral)) and set(heldout).isdisjoint(kept.neutral)
+    assert sorted(heldout + kept.neutral) == sorted(corpus.neutral)
+    assert not set(heldout) & set(kept.tokenizer_texts())
+    assert hold_out_neutral(corpus, 0.1, seed=5)[1] == heldout
+
+
+BAD_SETTINGS = [
+    (["hidden=3"], "unknown testbed setting"),
+    (["pii_steps=abc"], "pii_steps: expected an integer"),
+    (["pii_steps=2.5"], "pii_steps: expected an integer"),
+    (["budget=-0.1"], "budget=-0.1 out of range: allowed 0 < budget <= 1"),
+    (["budget=1.5"], "budget=1.5 out of range: allowed 0 < budget <= 1"),
+    (["people_per_field=500"], "<= 3 \\* profiles_per_group"),
+    (["neutral_every=-1"], "neutral_every=-1 out of range"),
+    (["weight_decay=true"], "weight_decay: expected a number"),
+]
+
+
+@pytest.mark.parametrize(("settings", "message"), BAD_SETTINGS)
+def test_bad_settings_are_refused_before_any_work(tmp_path, capsys, settings, message):
+    import re
+
+    from lacuna_unlearn.cli import main
+
+    out = tmp_path / "tb"
+    argv = ["build-testbed", "--preset", "smoke", "--out", str(out)]
+    for item in settings:
+        argv += ["--set", item]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert re.search(message, err), err
+    assert len(err.splitlines()) == 1
+    assert not out.exists() and not out.with_name("tb.partial").exists()
+
+
+#: The standard preset with every size cut down so it builds on CPU in well under a minute (pipeline only: the
+#: tiny model memorizes nothing, so every target counts as memorized for the splits).
+STANDARD_CUT = {
+    "profiles_per_group": 4, "distractor_profiles": 8, "bios_per_person": 1, "qa_per_field": 2,
+    "varied_qa_per_field": 2, "lorem_paragraphs": 40, "vocab_size": 400, "hidden_size": 64, "num_layers": 4,
+    "num_heads": 4, "intermediate_size": 128, "seq_len": 64, "base_steps": 4, "base_batch": 2, "pii_steps": 16,
+    "pii_batch": 2, "neutral_batch": 2, "grad_accum": 2, "qa_tune_steps": 2, "qa_tune_batch": 4,
+    "memorization_prompts": 2, "people_per_field": 4, "retain_eval_people": 1, "validation_people": 1,
+    "robustness_people": 1, "splits_without_memorization": True, "leak_audit_composite_samples": 5000,
+}  # fmt: skip
+
+
+def test_standard_preset_builds_end_to_end_on_cpu(tmp_path):
+    """LACUNA's geometry (5% per group, last two layers outside the masks, neutral text unmasked, wd 0.1), sizes
+    cut down: every stage runs, weights outside the masks move during injection, the audit and held-out text exist."""
+    from safetensors.torch import load_file
+
+    cfg = get_preset("standard")
+    assert (cfg.budget, cfg.skip_last, cfg.weight_decay, cfg.people_per_field) == (0.05, 2, 0.1, 100)
+    assert cfg.neutral_every >= 1 and cfg.retain_eval_people >= 30
+    out = build_testbed(tmp_path / "std", preset="standard", overrides=STANDARD_CUT)
+    manifest = _manifest(out)
+    assert manifest["preset"] == "standard" and manifest["config"]["skip_last"] == 2
+    assert manifest["injection"]["neutral_micro_batches"] > 0
+    masks = load_masks(out / "masks.safetensors")
+    for name in masks.packed:
+        assert int(name.split("layers.")[1].split(".")[0]) < 2
+    base = load_file(out / "base" / "model.safetensors")
+    injected = load_file(out / "injected" / "model.safetensors")
+    for name in masks.packed:
+        outside = masks.packed[name] == 0
+        assert (injected[name][outside] != base[name][outside]).float().mean() > 0.9, name
+    assert not torch.equal(injected["model.norm.weight"], base["model.norm.weight"])
+    assert manifest["leak_audit"]["passed"]
+    assert manifest["leak_audit"]["inputs"]["before"] == str((out / "model").resolve())  # not OUT.partial
+    assert manifest["sizes"]["split_people"]["retain_eval"]["Email Address"] == 1
+    assert set(manifest["robustness"]["forget"]["email"]) >= {"j_p", "j_icr", "paraphrase_accuracy", "icr_accuracy"}
+    assert (out / "data" / "neutral_heldout.jsonl").stat().st_size > 0
+
+
+def test_leaky_configuration_fails_the_leak_audit(tmp_path):
+    """The pre-v2 regime (no neutral micro-batches, no weight decay) leaves every scalar outside the masks where it
+    was, so a null update's reversal score finds the masks (unified target): gated there, the build fails, loudly
+    and leaving nothing behind."""
+    out = tmp_path / "leaky"
+    leaky = {**STANDARD_CUT, "neutral_every": 0, "weight_decay": 0.0, "leak_audit_target": "unified",
+             "leak_audit_max_auc": 0.9}  # fmt: skip
+    with pytest.raises(ValueError, match=r"leak audit failed: .*above 0\.9 AUC on unified"):
+        build_testbed(out, preset="standard", overrides=leaky)
+    assert not out.exists() and not out.with_name("leaky.partial").exists()
+
+
+def test_fit_people_takes_the_largest_counts_that_fit():
+    """Too few memorized people for the requested counts: the build fails, or with ``fit_people`` takes fewer and
+    says so (requested vs used)."""
+    from lacuna_unlearn.corpus import build_corpus
+    from lacuna_unlearn.testbed import TestbedError as BuildError
+    from lacuna_unlearn.testbed import _splits
+
+    corpus = build_corpus(profiles_per_group=6, distractor_profiles=2, bios_per_person=1, qa_per_field=1,
+                          lorem_paragraphs=2, seed=4)  # fmt: skip
+    retain_side = [p for p in corpus.targets if p["group_id"] in RETAIN_GROUPS]
+    dropped = {p["Unique ID"] for p in retain_side[: len(retain_side) // 2]}
+    memorized = {
+        (p["Unique ID"], key): [f"q1 {p['Unique ID']} {key}", f"q2 {p['Unique ID']} {key}"]
+        for p in corpus.targets
+        if p["Unique ID"] not in dropped
+        for key in FIELDS
+    }
+    cfg = get_preset(
+        "smoke", profiles_per_group=6, people_per_field=8, retain_eval_people=4, validation_people=1, fit_people=False
     )
-    sampled = trivial_detector_aucs(masks, base, injected, max_scalars=200)
-    assert 0 < sampled["sampled_fraction"] < 1
+    with pytest.raises(BuildError, match="memorized too little"):
+        _splits(corpus, cfg, memorized, {})
+    splits, counts = _splits(corpus, cfg.replace(fit_people=True), memorized, {})
+    assert counts["shortfall"] and counts["requested"]["people_per_field"] == 8
+    used = counts["used"]
+    assert 1 <= used["people_per_field"] < 8 and 1 <= used["retain_eval_people"] <= 4
+    assert len({r["ID"] for r in splits["forget"] if r["field"] == "Email Address"}) == used["people_per_field"]
+
+
+def test_masks_are_stamped_with_the_model_they_describe(smoke_testbed):
+    """The testbed ties masks.safetensors to model/ (lacuna score then verifies, not warns)."""
+    from lacuna_metrics.checkpoints import Checkpoint
+    from lacuna_metrics.masks import MaskReader
+
+    reader = MaskReader(smoke_testbed / "masks.safetensors")
+    assert reader.model_fingerprint == Checkpoint(smoke_testbed / "model").fingerprint()
