@@ -6,7 +6,7 @@ Builds the same testbed (`lacuna build-testbed`, the full preset unless ``--set`
 setting (``OMP_NUM_THREADS=N``; ``default`` = no variable, i.e. the package's own default
 from :func:`lacuna_metrics.threads.configure_threads`), first on the idle machine, then while one other process
 keeps one core busy (a single-threaded numpy loop). Prints wall seconds, the masked-injection stage's seconds,
-and each row's ratio against the one-thread idle build of the same run.
+and each row's ratio against the first one-thread build of the same run (the idle one when idle is measured).
 """
 
 from __future__ import annotations
@@ -51,12 +51,14 @@ def main() -> None:
     parser.add_argument("--preset", default="smoke")
     parser.add_argument("--set", action="append", default=[], help="testbed overrides (default: none, full build)")
     parser.add_argument("--threads", default="1,default", help="comma-separated OMP_NUM_THREADS values")
+    parser.add_argument("--loads", default="idle,busy", help="idle, busy (one competing process) or both")
     args = parser.parse_args()
     sets = list(args.set)  # reduced step counts can leave too little memorized for the splits: the build then fails
     settings = args.threads.split(",")
     work = Path(tempfile.mkdtemp(prefix="bench_threads_"))
     rows = []
-    for load in ("idle", "one busy process"):
+    loads = [{"idle": "idle", "busy": "one busy process"}[name] for name in args.loads.split(",")]
+    for load in loads:
         busy = None
         if load != "idle":
             env = {**os.environ, "BUSY_SECONDS": "3600"}
@@ -72,14 +74,16 @@ def main() -> None:
             if busy is not None:
                 busy.kill()
                 busy.wait()
-    reference = next(wall for load, threads, wall, _ in rows if load == "idle" and threads == "1")
+    reference = next((wall for load, threads, wall, _ in rows if threads == "1"), rows[0][2])
     print(f"\n{args.preset} build with {' '.join(sets)} on {os.cpu_count()} cores")
-    print("| load | OMP_NUM_THREADS | torch threads | wall s | injection s | x idle 1-thread | load avg (5 min) |")
+    print("| load | OMP_NUM_THREADS | torch threads | wall s | injection s | x first 1-thread row | load avg (5 min) |")
     print("|---|---|---|---|---|---|---|")
     for load, threads, wall, timings in rows:
         injection = timings.get("injection", timings.get("pii_injection", float("nan")))
-        print(f"| {load} | {threads} | {timings['torch_threads']} | {wall:.1f} | {injection:.1f} | "
-              f"{wall / reference:.2f} | {timings['loadavg']:.2f} |")  # fmt: skip
+        print(
+            f"| {load} | {threads} | {timings['torch_threads']} | {wall:.1f} | {injection:.1f} | "
+            f"{wall / reference:.2f} | {timings['loadavg']:.2f} |"
+        )  # fmt: skip (ratio: vs the first 1-thread row)
 
 
 if __name__ == "__main__":
