@@ -45,6 +45,7 @@ __all__ = [
     "ActivationStats",
     "NormTable",
     "activation_stats",
+    "calibration_fields",
     "calibration_texts",
     "check_target",
     "collect_input_norms",
@@ -406,22 +407,58 @@ def _collect(
 # -- calibration text ---------------------------------------------------------------------------------------
 
 
-def calibration_texts(source: str | os.PathLike[str] | None, split: str, n: int = 128) -> list[str]:
+def calibration_fields(fields: str | Sequence[str] | None) -> list[str] | None:
+    """Field keys (``email``, ...) of ``fields`` (keys or PANORAMA columns), in order, each once; None and ``all``
+    (every field, no selection) give None.
+
+    ValueError naming the known fields for an unknown one, and for an empty selection.
+    """
+    if fields is None or fields == "all":
+        return None
+    from lacuna_tasks.schema import get_field
+
+    if isinstance(fields, str):
+        fields = [fields]
+    if "all" in fields:
+        return None
+    keys: list[str] = []
+    for name in fields:
+        key = get_field(str(name)).key  # LacunaDataError (a ValueError) naming the known fields
+        if key not in keys:
+            keys.append(key)
+    if not keys:
+        raise ValueError("calibration fields: an empty selection (give None for every field)")
+    return keys
+
+
+def calibration_texts(
+    source: str | os.PathLike[str] | None, split: str, n: int = 128, *, fields: Sequence[str] | None = None
+) -> list[str]:
     """The first ``n`` calibration texts, formatted as LACUNA QA text (``Q: q\\nA: a\\n``).
 
     ``source`` is a LACUNA data source (anything :func:`lacuna_tasks.loader.load_data` accepts: a data or
     testbed directory; None = bundled data), whose ``split`` rows are formatted with ``qa_text``; or a text file:
     ``.jsonl`` (field ``text``, or ``question`` + ``answer``) or ``.txt`` (one text per non-empty line), for which
     ``split`` is ignored. FRAG's authors use the first 128 rows (spec §3.2).
+
+    ``fields`` (keys like ``email`` or PANORAMA columns; None = every row): only rows of those fields, the first
+    ``n`` of them, so FRAG is calibrated on the field(s) a run actually unlearned (docs/scoring.md, "FRAG
+    calibration fields"). A ``.jsonl`` file is filtered on its rows' ``field`` column; a ``.txt`` file has none.
+    ValueError naming the field(s) and the file when the selection is empty.
     """
     from lacuna_tasks.prompts import qa_text
+    from lacuna_tasks.schema import get_field
 
     if n < 1:
         raise ValueError(f"calibration_texts: n must be >= 1, got {n}")
+    keys = calibration_fields(fields)
+    columns = {get_field(k).column for k in keys} if keys is not None else None
     path = Path(source) if source is not None else None
     if path is not None and path.is_file():
-        texts = _texts_from_file(path, n)
+        texts = _texts_from_file(path, n, columns)
         if not texts:
+            if keys is not None:
+                raise ValueError(f"calibration file {path} holds no rows of field(s) {', '.join(keys)}")
             raise ValueError(f"calibration file {path} holds no texts")
         return texts
     from lacuna_tasks.loader import load_data
@@ -429,24 +466,46 @@ def calibration_texts(source: str | os.PathLike[str] | None, split: str, n: int 
     data = load_data(source)
     if split not in data.splits:
         raise ValueError(f"{data.source}: no split {split!r} for calibration (found: {sorted(data.splits)})")
-    texts = [qa_text(str(r["question"]), str(r["answer"])) for r in data.splits[split][:n]]
+    rows = data.splits[split]
+    if columns is not None:
+        rows = [r for r in rows if r["field"] in columns]
+        if not rows:
+            assert keys is not None
+            raise ValueError(
+                f"{data.files.get(split, data.source)}: split {split!r} has no rows of field(s) {', '.join(keys)} "
+                "for FRAG calibration"
+            )
+    texts = [qa_text(str(r["question"]), str(r["answer"])) for r in rows[:n]]
     if not texts:
         raise ValueError(f"{data.source}: split {split!r} is empty, no calibration texts")
     return texts
 
 
-def _texts_from_file(path: Path, n: int) -> list[str]:
+def _texts_from_file(path: Path, n: int, columns: set[str] | None = None) -> list[str]:
     from lacuna_tasks.loader import read_rows
     from lacuna_tasks.prompts import qa_text
+    from lacuna_tasks.schema import get_field
 
     suffix = path.suffix.lower()
     if suffix == ".txt":
+        if columns is not None:
+            raise ValueError(f"calibration file {path}: a .txt file has no field column to select fields by")
         with path.open(encoding="utf-8") as fh:
             return [line.rstrip("\r\n") for line in fh if line.strip()][:n]
     if suffix != ".jsonl":
         raise ValueError(f"calibration file {path}: expected a .jsonl or .txt file")
+    rows = read_rows(path)
+    if columns is not None:
+        kept = []
+        for lineno, row in enumerate(rows, 1):
+            if not isinstance(row.get("field"), str):
+                raise ValueError(f"{path}: row {lineno}: no string 'field' column to select calibration fields by")
+            if get_field(row["field"]).column in columns:
+                kept.append((lineno, row))
+    else:
+        kept = list(enumerate(rows, 1))
     texts: list[str] = []
-    for lineno, row in enumerate(read_rows(path)[:n], 1):
+    for lineno, row in kept[:n]:
         if isinstance(row.get("text"), str):
             texts.append(row["text"])
         elif isinstance(row.get("question"), str) and isinstance(row.get("answer"), str):
@@ -508,6 +567,7 @@ def _fingerprint(
     target: str,
     max_length: int,
     dtype: torch.dtype,
+    fields: dict[str, list[str] | None] | None = None,
 ) -> str:
     extra = [model_dir / "config.json"] + [tokenizer_dir / f for f in _TOKENIZER_FILES]
     payload = {
@@ -520,6 +580,8 @@ def _fingerprint(
         "max_length": int(max_length),
         "dtype": str(dtype).removeprefix("torch."),
     }
+    if fields and any(v is not None for v in fields.values()):  # absent for every field: earlier caches stay valid
+        payload["calib_fields"] = fields
     canonical = json.dumps(payload, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
     return "sha256:" + _sha256(canonical.encode("ascii"))
 
@@ -761,6 +823,8 @@ def activation_stats(
     max_length: int = 256,
     dtype: torch.dtype = torch.bfloat16,
     tokenizer_dir: str | os.PathLike[str] | None = None,
+    calib_fields: Sequence[str] | None = None,
+    calib_retain_fields: Sequence[str] | None = None,
 ) -> ActivationStats:
     """x^f and x^r of the ORIGINAL model in ``model_dir`` (spec §3.2), cached in ``cache_dir`` if given.
 
@@ -771,7 +835,9 @@ def activation_stats(
 
     The cache file ``<cache_dir>/<hex digest>.safetensors`` (keys ``forget/<weight>`` and ``retain/<weight>``) is
     keyed by a SHA-256 fingerprint of the weights, config and tokenizer files, the texts, ``target``,
-    ``max_length``, ``dtype`` and :data:`FORMAT_VERSION`. A hit does not load the model. The model is loaded from
+    ``max_length``, ``dtype`` and :data:`FORMAT_VERSION`, and the fields the texts were selected by
+    (``calib_fields`` for the forget texts, ``calib_retain_fields`` for the retain texts; provenance of the texts,
+    see :func:`calibration_texts`; None = every field, the key of earlier versions). A hit does not load the model. The model is loaded from
     local files only, without remote code, and freed before returning.
     """
     model_path = Path(model_dir)
@@ -786,7 +852,10 @@ def activation_stats(
     check_target(target)
     checkpoint = Checkpoint(model_path)
     disk = _preflight(checkpoint, str(model_path), target)
-    fingerprint = _fingerprint(checkpoint, model_path, tok_path, forget_texts, retain_texts, target, max_length, dtype)
+    fields = {"forget": calibration_fields(calib_fields), "retain": calibration_fields(calib_retain_fields)}
+    fingerprint = _fingerprint(
+        checkpoint, model_path, tok_path, forget_texts, retain_texts, target, max_length, dtype, fields
+    )
     cache_file = _cache_path(Path(cache_dir), fingerprint) if cache_dir is not None else None
     if cache_file is not None and cache_file.is_file():
         hit = _load_cache(cache_file, fingerprint)

@@ -8,10 +8,12 @@ so memory is bounded by the largest (layer, component) group, never the model.
 
 Each (layer, component) group is read once and scored while it is read, except the scores normalised by a
 group statistic (``layernorm``, ``contrastln``, ``compnorm``, also as composite features): σ of δ and of the
-contrast per group and the mean control δ′ per tensor are known only after the group's last block. The group
-keeps δ (and the contrast) in memory, and one worker scores those from the buffers while the others read the
-next group; ``layernorm`` and ``compnorm`` are functions of δ alone, so a bf16 pair's few distinct δ values
-are each scored once, with their counts. Groups larger than ``LocalizationConfig.group_buffer_scalars`` are read
+contrast per group and the mean control δ′ per tensor are known only after the group's last block (σ is over every
+attention/MLP tensor of the group in the checkpoint pair, in the universe or not: a masked tensor without forget
+scalars, an unmasked one; as spec §1.10 and the release's first pass). The group keeps δ (and the contrast) in
+memory, and one worker scores those from the buffers while the others read the next group; ``layernorm`` and
+``compnorm`` are functions of δ alone, so a bf16 pair's few distinct δ values are each scored once, with their
+counts. Groups larger than ``LocalizationConfig.group_buffer_scalars`` are read
 twice instead (the second time from the page cache). ``qtile`` and ``crossfield`` need the whole tensor's
 ranks, so they sort one tensor at a time (a radix sort). Tied scores share their average rank
 (``LocalizationConfig.qtile_ties = "average"``, the default): ranking ties in index order, as the release code's
@@ -159,18 +161,21 @@ class LocalizationConfig:
 
 @dataclass
 class _GroupStats:
-    """First-pass sums of one (layer, component) group over its universe tensors."""
+    """First-pass sums of one (layer, component) group: the σ sums over *every* tensor of the group (spec §1.10
+    and the release: all attention/MLP tensors of the layer, in the universe or not), the scalar count and the
+    update energy over its universe tensors."""
 
-    n: int = 0
-    delta: list[float] = field(default_factory=lambda: [0.0, 0.0])  # Σδ, Σδ²
-    contrast: list[float] = field(default_factory=lambda: [0.0, 0.0])  # Σc, Σc²
-    energy: list[float] = field(default_factory=lambda: [0.0, 0.0, 0.0])  # ΣΔ² outside / retain / forget
+    n: int = 0  # universe scalars
+    n_sigma: int = 0  # every scalar of the group: the σs' population
+    delta: list[float] = field(default_factory=lambda: [0.0, 0.0])  # Σδ, Σδ² (every tensor of the group)
+    contrast: list[float] = field(default_factory=lambda: [0.0, 0.0])  # Σc, Σc² (every tensor of the group)
+    energy: list[float] = field(default_factory=lambda: [0.0, 0.0, 0.0])  # ΣΔ² outside / retain / forget (universe)
 
     def sigma(self, which: str) -> float:
         s, s2 = getattr(self, which)
-        if self.n == 0:
+        if self.n_sigma == 0:
             return 0.0
-        var = max(0.0, s2 / self.n - (s / self.n) ** 2)  # population std (ddof=0)
+        var = max(0.0, s2 / self.n_sigma - (s / self.n_sigma) ** 2)  # population std (ddof=0)
         return math.sqrt(var)
 
 
@@ -292,6 +297,11 @@ def group_normalised(
     if "contrastln" in want and contrast is not None:
         out["contrastln"] = contrast / sigma_contrast if sigma_contrast > 0 else torch.zeros_like(delta)
     return out
+
+
+def _group_key(name: str) -> tuple[int, str]:
+    """The (layer, component) group of an attention/MLP tensor (``layernorm``'s σ is per group)."""
+    return (layer_index(name) or 0, str(component(name)))
 
 
 def categories(packed: torch.Tensor, forget_bits: int, retain_bits: int) -> torch.Tensor:
@@ -505,14 +515,17 @@ class Localization:
         return members
 
     def _units(self) -> list[tuple[tuple[int, str] | None, list[str]]]:
-        """Tensors in file order, masked ones grouped by (layer, component)."""
+        """Tensors in file order, masked ones grouped by (layer, component); when a score needs σ, an unmasked
+        attention/MLP tensor joins its (layer, component) group if the group has a masked one (σ is over every
+        tensor of the group)."""
         units: list[tuple[tuple[int, str] | None, list[str]]] = []
         index: dict[tuple[int, str], int] = {}
+        keys = set() if self.one_pass else {_group_key(n) for n in self.candidates}
         for name in self.before.names:
             if self.before.is_alias(name):
                 continue
-            if name in self.candidates:
-                key = (layer_index(name) or 0, str(component(name)))
+            if name in self.candidates or (component(name) is not None and _group_key(name) in keys):
+                key = _group_key(name)
                 if key not in index:
                     index[key] = len(units)
                     units.append((key, []))
@@ -546,17 +559,27 @@ class Localization:
         return blocks
 
     def _read(self, blk: _Block, universe: bool) -> dict[str, torch.Tensor]:
-        """Read one block of every source; in the universe also its mask and :meth:`_pair_pass`'s outputs."""
+        """Read one block of every source; in the universe also its mask and :meth:`_pair_pass`'s outputs.
+
+        An unmasked tensor of a group (read for the group's σs only) gets an all-zero mask and no reference or
+        crossfield reads: it needs δ and the contrast, nothing else."""
         scratch = self._scratch()
+        masked = blk.name in self.candidates
+        sources = self._sources(universe)
+        if universe and not masked:
+            sources = {k: v for k, v in sources.items() if k in ("before", "after", "control_before", "control_after")}
         b = {
             # in the universe the pair's NaN/inf check is part of the pair pass
             label: ck.read(
                 blk.name, blk.start, blk.stop, check_finite=not universe or label not in _PAIR, scratch=scratch
             )
-            for label, ck in self._sources(universe).items()
+            for label, ck in sources.items()
         }
         if universe:
-            b["mask"] = self.masks.read(blk.name, self.before.shape(blk.name), blk.start, blk.stop, scratch=scratch)
+            if masked:
+                b["mask"] = self.masks.read(blk.name, self.before.shape(blk.name), blk.start, blk.stop, scratch=scratch)
+            else:
+                b["mask"] = scratch.take("unmasked", torch.uint8, b["before"].numel()).zero_()
             self._pair_pass(blk, b, scratch)
         return b
 
@@ -619,13 +642,13 @@ class Localization:
                 scoring = self._pass(
                     self._plan(names), universe=True, collect=per_block, group=group, buffered=buffered
                 )
-                self._finish_group(key, members, per_block)
+                self._finish_group(key, names, members, per_block)
                 if buffered:  # one worker scores them while the others read the next group
                     self._wait_buffered()  # at most one group's buffers waiting: bounds the memory
                     self._buffered_task = self._pool.submit(self._score_buffered, scoring, dict(self._control_mean))
             else:
                 self._pass(self._plan(names), universe=True, collect=per_block, group=None)
-                self._finish_group(key, members, per_block)
+                self._finish_group(key, names, members, per_block)
                 if members:  # second pass: the group is in the page cache now
                     scoring = self._pass(self._plan(members), universe=True, collect=None, group=(key, members))
                     self._reread_groups += 1
@@ -739,9 +762,14 @@ class Localization:
         return [float(dc.sum()), float(contrast.sum()), float((contrast * contrast).sum())]
 
     def _finish_group(
-        self, key: tuple[int, str], members: list[str], per_block: dict[int, tuple[str, np.ndarray, list[float]]]
+        self,
+        key: tuple[int, str],
+        names: list[str],
+        members: list[str],
+        per_block: dict[int, tuple[str, np.ndarray, list[float]]],
     ) -> None:
-        """Fold the group's per-block sums (in file order) into its statistics and the universe counts."""
+        """Fold the group's per-block sums (in file order) into its statistics and the universe counts: the σ sums
+        over every tensor of the group (``names``), the counts and update energy over its universe ``members``."""
         per_tensor: dict[str, dict[str, Any]] = {}
         for seq in sorted(per_block):
             name, sums, control = per_block[seq]
@@ -755,12 +783,15 @@ class Localization:
             t["c"][0] += control[1]
             t["c"][1] += control[2]
         stats = _GroupStats()
-        for n in members:
+        for n in names:  # in file order: the sums do not depend on which tensors are scored
             t = per_tensor[n]
-            stats.n += sum(t["k"])
+            stats.n_sigma += sum(t["k"])
             for i in range(2):
                 stats.delta[i] += t["d"][i]
                 stats.contrast[i] += t["c"][i]
+        for n in members:
+            t = per_tensor[n]
+            stats.n += sum(t["k"])
             for c in range(3):
                 stats.energy[c] += t["e"][c]
                 self._counts[c] += t["k"][c]
@@ -1049,7 +1080,8 @@ class Localization:
                 "eps": cfg.eps,
                 "per_layer_score": self.per_layer_score,
                 "qtile_ties": cfg.qtile_ties,  # how qtile, crossfield and per-layer qtile AUCs rank tied scores
-                "sigma": "population std (ddof=0) over the (layer, component) group",
+                # layernorm / contrastln: σ over every tensor of the group, scored or not (spec §1.10, the release)
+                "sigma": "population std (ddof=0) over every tensor of the (layer, component) group",
                 "crossfield_runs": len(self.crossfield),
                 "passes_per_group": 1 if self.one_pass else 2,  # over each group's scalars (read, or buffers)
                 "group_buffer_scalars": cfg.group_buffer_scalars,

@@ -60,6 +60,8 @@ def score_pair(
     crossfield: Sequence[PathLike] = (),
     calib_forget: PathLike | None = None,
     calib_retain: PathLike | None = None,
+    calib_fields: Sequence[str] | None = None,
+    calib_retain_fields: Sequence[str] | None = None,
     frag: bool = True,
     localize: bool = True,
     gamma: float = 1.0,
@@ -82,6 +84,12 @@ def score_pair(
     forget and retain splits) default to the testbed's ``model/``, ``masks.safetensors``, ``base/``
     and ``data/``. Without masks (or with ``localize=False``) the localization section is ``None``;
     without calibration text (or with ``frag=False``) FRAG is.
+
+    ``calib_fields`` (field keys like ``email`` or PANORAMA columns; None = every field): FRAG's forget
+    calibration rows are those fields' rows only, as are its retain rows unless ``calib_retain_fields`` names
+    others, so FRAG measures the forget set a run actually unlearned (docs/scoring.md, "FRAG calibration
+    fields"); ``calib_retain_fields="all"`` keeps every field's retain rows. ``frag.calibration`` in the result
+    records the fields and the row counts of each side.
 
     Masks that record the fingerprint of the model they were built for must match ``before``'s (else
     MaskError naming both, unless ``allow_mask_mismatch``); masks without one (a released ``mask.pt``) are
@@ -114,13 +122,18 @@ def score_pair(
     check_compatible(ckpts)
     will_frag = frag and forget_source is not None and retain_source is not None
     if will_frag:
-        from lacuna_metrics.activations import calibration_texts, frag_preflight
+        from lacuna_metrics.activations import calibration_fields, calibration_texts, frag_preflight
 
+        forget_fields = calibration_fields(calib_fields)
+        retain_fields = calibration_fields(calib_retain_fields) if calib_retain_fields is not None else forget_fields
         frag_preflight(ckpts["before"].path, frag_target)  # header-only: fails before any hashing or forward pass
         # the calibration data is read (and validated) before any hashing too
         texts = (
-            calibration_texts(forget_source, "forget", calib_samples),
-            calibration_texts(retain_source, "retain", calib_samples),
+            calibration_texts(forget_source, "forget", calib_samples, fields=forget_fields),
+            calibration_texts(retain_source, "retain", calib_samples, fields=retain_fields),
+        )
+        calibration = _calibration_record(
+            forget_source, retain_source, forget_fields, retain_fields, texts, calib_samples
         )
     mask_reader: MaskReader | None = None
     masks_id: dict[str, str] | None = None
@@ -149,6 +162,8 @@ def score_pair(
             target=frag_target,
             max_length=calib_max_length,
             dtype=getattr(torch, activation_dtype),
+            calib_fields=forget_fields,
+            calib_retain_fields=retain_fields,
         )
         coverage_kw = {} if frag_min_coverage is None else {"min_coverage": frag_min_coverage}
         frag_acc = FragAccumulator(
@@ -199,6 +214,7 @@ def score_pair(
         frag_section = frag_acc.result()
         assert stats is not None
         frag_section.update({"activation_fingerprint": stats.fingerprint, "activation_cache_hit": stats.cached})
+        frag_section["calibration"] = calibration
     result: dict[str, Any] = {
         "schema": SCHEMA,
         "schema_version": SCHEMA_VERSION,
@@ -221,7 +237,13 @@ def score_pair(
         "masks": masks_id,
         "masks_model": masks_model,
         "testbed": str(Path(testbed).resolve()) if testbed is not None else None,
-        "calibration": {"forget": str(forget_source), "retain": str(retain_source), "samples": calib_samples}
+        "calibration": {
+            "forget": str(forget_source),
+            "retain": str(retain_source),
+            "samples": calib_samples,
+            "forget_fields": calibration["forget"]["fields"],
+            "retain_fields": calibration["retain"]["fields"],
+        }
         if frag_acc is not None
         else None,
         "config": _config_dict(config or LocalizationConfig()),
@@ -233,6 +255,39 @@ def score_pair(
         "localization_timings": timings,
     }
     return result
+
+
+def _calibration_record(
+    forget_source: PathLike,
+    retain_source: PathLike,
+    forget_fields: list[str] | None,
+    retain_fields: list[str] | None,
+    texts: tuple[list[str], list[str]],
+    samples: int,
+) -> dict[str, Any]:
+    """``frag.calibration`` of score.json: per side the source, split, fields (``all``: not restricted) and rows
+    used, and whether the forget side is restricted to the unlearned field(s) as issue 20 (item 6) asks."""
+    out: dict[str, Any] = {}
+    for side, source, fields, side_texts in (
+        ("forget", forget_source, forget_fields, texts[0]),
+        ("retain", retain_source, retain_fields, texts[1]),
+    ):
+        out[side] = {
+            "source": str(source),
+            "split": None if Path(source).is_file() else side,
+            "fields": "all" if fields is None else list(fields),
+            "rows": len(side_texts),
+        }
+    out["samples"] = samples
+    out["restricted_to_unlearned_fields"] = forget_fields is not None
+    out["note"] = (
+        "forget rows of the unlearned field(s) and retain rows of the retained field(s) only (docs/scoring.md, "
+        "'FRAG calibration fields')"
+        if forget_fields is not None
+        else "the first rows of every field: not restricted to the field(s) a run unlearned (give calib_fields / "
+        "--calib-fields; docs/scoring.md, 'FRAG calibration fields')"
+    )
+    return out
 
 
 def _null_calibration(

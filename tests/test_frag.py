@@ -538,3 +538,161 @@ def test_calibration_texts_from_files(tmp_path):
     other.write_text("a\n")
     with pytest.raises(ValueError, match="expected a .jsonl or .txt file"):
         calibration_texts(other, "forget")
+
+
+# -- calibration restricted to the unlearned field(s) (issue 20, item 6) ----------------------------------------
+
+
+def test_calibration_texts_select_fields(tiny_lacuna, tmp_path):
+    from lacuna_metrics.activations import calibration_fields
+    from lacuna_tasks.loader import load_data
+    from lacuna_tasks.prompts import qa_text
+
+    data_dir = tiny_lacuna.data_dir
+    rows = load_data(data_dir).splits["forget"]
+    email = [r for r in rows if r["field"] == "Email Address"]
+    assert 3 < len(email) < len(rows)  # the split holds other fields too: the selection matters
+    got = calibration_texts(data_dir, "forget", n=3, fields=["email"])
+    assert got == [qa_text(r["question"], r["answer"]) for r in email[:3]]
+    assert calibration_texts(data_dir, "forget", n=3, fields=["Email Address"]) == got  # PANORAMA column
+    assert calibration_texts(data_dir, "forget", n=3, fields="email") == got
+    two = [r for r in rows if r["field"] in ("Email Address", "Phone Number")]
+    assert calibration_texts(data_dir, "forget", n=10_000, fields=["phone", "email"]) == [
+        qa_text(r["question"], r["answer"]) for r in two
+    ]  # the split's order, whatever the order of the fields
+    every = calibration_texts(data_dir, "forget", n=10_000)
+    assert calibration_texts(data_dir, "forget", n=10_000, fields="all") == every
+    assert calibration_texts(data_dir, "forget", n=10_000, fields=None) == every
+    assert calibration_fields(["email", "Email Address", "phone"]) == ["email", "phone"]
+    assert calibration_fields(None) is None and calibration_fields("all") is None
+    with pytest.raises(ValueError, match="unknown field 'ssn'"):
+        calibration_texts(data_dir, "forget", fields=["ssn"])
+    with pytest.raises(ValueError, match="empty selection"):
+        calibration_texts(data_dir, "forget", fields=[])
+    # an empty selection names the field(s) and the file
+    validation = load_data(data_dir).splits["validation"]
+    assert not [r for r in validation if r["field"] == "Phone Number"]
+    with pytest.raises(ValueError, match=r"validation\.jsonl: split 'validation' has no rows of field\(s\) phone"):
+        calibration_texts(data_dir, "validation", fields=["phone"])
+
+    jsonl = tmp_path / "cal.jsonl"
+    jsonl.write_text(
+        json.dumps({"question": "Q1?", "answer": "a@b.com", "field": "email"})
+        + "\n"
+        + json.dumps({"text": "call 555", "field": "Phone Number"})
+        + "\n"
+        + json.dumps({"question": "Q3?", "answer": "c@d.com", "field": "Email Address"})
+        + "\n"
+    )
+    assert calibration_texts(jsonl, "forget", fields=["email"]) == ["Q: Q1?\nA: a@b.com\n", "Q: Q3?\nA: c@d.com\n"]
+    assert calibration_texts(jsonl, "forget", fields=["phone"]) == ["call 555"]
+    assert len(calibration_texts(jsonl, "forget")) == 3
+    with pytest.raises(ValueError, match=f"calibration file {jsonl} holds no rows of field\\(s\\) birth_city"):
+        calibration_texts(jsonl, "forget", fields=["birth_city"])
+    nofield = tmp_path / "nofield.jsonl"
+    nofield.write_text(json.dumps({"text": "plain"}) + "\n")
+    with pytest.raises(ValueError, match="row 1: no string 'field' column"):
+        calibration_texts(nofield, "forget", fields=["email"])
+    txt = tmp_path / "cal.txt"
+    txt.write_text("one\ntwo\n")
+    with pytest.raises(ValueError, match="a .txt file has no field column"):
+        calibration_texts(txt, "forget", fields=["email"])
+
+
+def test_activation_cache_key_includes_the_fields(tiny, tmp_path):
+    lac, _, _, forget, retain = tiny
+    cache = tmp_path / "cache"
+    kw = {"cache_dir": cache, "max_length": 32, "dtype": torch.float32}
+    every = activation_stats(lac.model_dir, forget, retain, **kw)
+    assert activation_stats(lac.model_dir, forget, retain, calib_fields="all", **kw).fingerprint == every.fingerprint
+    email = activation_stats(lac.model_dir, forget, retain, calib_fields=["email"], calib_retain_fields=["email"], **kw)
+    assert not email.cached and email.fingerprint != every.fingerprint  # same texts, other selection: not reused
+    again = activation_stats(
+        lac.model_dir, forget, retain, calib_fields=["Email Address"], calib_retain_fields=["email"], **kw
+    )
+    assert again.cached and again.fingerprint == email.fingerprint  # keys and columns name the same field
+    other = activation_stats(lac.model_dir, forget, retain, calib_fields=["email"], calib_retain_fields=["phone"], **kw)
+    assert other.fingerprint not in (every.fingerprint, email.fingerprint)
+    assert len(list(cache.iterdir())) == 3
+    for name, vec in every.forget.items():
+        torch.testing.assert_close(email.forget[name], vec)  # the vectors come from the texts alone
+
+
+def test_score_pair_calibrates_frag_on_the_given_fields(tiny, tmp_path):
+    from lacuna_metrics.score import score_pair
+    from lacuna_tasks.loader import load_data
+
+    lac, _, _, _, _ = tiny
+    before = Checkpoint(lac.model_dir)
+    torch.manual_seed(0)
+    state = {n: before.read(n) + 0.01 * torch.randn_like(before.read(n)) for n in before.names}
+    _save(tmp_path / "after", state, before.config())
+    kw = {
+        "before": lac.model_dir,
+        "localize": False,
+        "calib_forget": lac.data_dir,
+        "calib_retain": lac.data_dir,
+        "calib_samples": 4,
+        "calib_max_length": 32,
+        "activation_dtype": "float32",
+        "cache_dir": tmp_path / "cache",
+        "progress": False,
+    }
+    every = score_pair(tmp_path / "after", **kw)
+    cal = every["frag"]["calibration"]
+    assert cal["forget"]["fields"] == cal["retain"]["fields"] == "all" and not cal["restricted_to_unlearned_fields"]
+    assert cal["forget"]["rows"] == cal["retain"]["rows"] == 4 and cal["forget"]["split"] == "forget"
+
+    email = score_pair(tmp_path / "after", calib_fields=["email"], **kw)
+    cal = email["frag"]["calibration"]
+    assert cal["forget"]["fields"] == cal["retain"]["fields"] == ["email"]  # retain: the same fields by default
+    assert cal["restricted_to_unlearned_fields"] and cal["forget"]["rows"] == 4
+    assert email["manifest"]["calibration"]["forget_fields"] == ["email"]
+    assert email["frag"]["activation_fingerprint"] != every["frag"]["activation_fingerprint"]
+    # the splits list the fields in turn (email first): unrestricted, a phone run was calibrated on email rows
+    phone = score_pair(tmp_path / "after", calib_fields=["phone"], **kw)
+    assert phone["frag"]["frag"] != every["frag"]["frag"]  # other calibration rows, another FRAG
+
+    cross = score_pair(tmp_path / "after", calib_fields=["email"], calib_retain_fields=["birth_city"], **kw)
+    assert cross["frag"]["calibration"]["retain"]["fields"] == ["birth_city"]
+    loose = score_pair(tmp_path / "after", calib_fields=["email"], calib_retain_fields="all", **kw)
+    assert loose["frag"]["calibration"]["retain"]["fields"] == "all"
+
+    # an empty selection fails before any forward pass, naming the field and the file
+    only_email = tmp_path / "email.jsonl"
+    rows = [r for r in load_data(lac.data_dir).splits["forget"] if r["field"] == "Email Address"]
+    only_email.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with pytest.raises(ValueError, match=f"calibration file {only_email} holds no rows of field\\(s\\) phone"):
+        score_pair(tmp_path / "after", **{**kw, "calib_forget": only_email}, calib_fields=["phone"])
+
+
+def test_score_cli_calib_fields(tiny, tmp_path, capsys, monkeypatch):
+    from lacuna_unlearn.cli import main
+
+    lac, _, _, _, _ = tiny
+    monkeypatch.setenv("LACUNA_CACHE", str(tmp_path / "lacuna_cache"))
+    before = Checkpoint(lac.model_dir)
+    torch.manual_seed(1)
+    _save(tmp_path / "after", {n: before.read(n) + 0.01 * torch.randn_like(before.read(n)) for n in before.names})
+    _copy_configs(lac.model_dir, tmp_path / "after")
+    base = [
+        "score", "--after", str(tmp_path / "after"), "--before", str(lac.model_dir), "--no-masks",
+        "--calib-forget", str(lac.data_dir), "--calib-retain", str(lac.data_dir), "--calib-samples", "4", "--quiet",
+    ]  # fmt: skip
+    assert main([*base, "--calib-fields", "ssn", "--out", str(tmp_path / "bad")]) == 2
+    err = capsys.readouterr().err
+    assert "--calib-fields: unknown field 'ssn'" in err and not (tmp_path / "bad").exists()
+    assert main([*base, "--calib-fields", " , ", "--out", str(tmp_path / "bad")]) == 2
+    assert "--calib-fields ' , ': name at least one field" in capsys.readouterr().err
+    out = tmp_path / "out"
+    assert main([*base, "--calib-fields", "email,Phone Number,email", "--out", str(out)]) == 0
+    cal = json.loads((out / "score.json").read_text())["frag"]["calibration"]
+    assert cal["forget"]["fields"] == cal["retain"]["fields"] == ["email", "phone"] and cal["forget"]["rows"] == 4
+
+
+def _copy_configs(src: Path, dest: Path) -> None:
+    import shutil
+
+    for f in Path(src).iterdir():
+        if f.suffix != ".safetensors":
+            shutil.copy(f, dest / f.name)

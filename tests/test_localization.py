@@ -262,7 +262,11 @@ def reference(
     crossfield: tuple[str, ...] = CROSSFIELD_RUNS,
     labels: dict[str, str] | None = None,
     ties: str = "average",
+    sigma_over: str = "group",
 ) -> Ref:
+    """``sigma_over="group"``: σ of δ and of the contrast over every attention/MLP tensor of the (layer, component)
+    group, masked or not, in the universe or not (spec §1.10, the release); ``"universe"``: over the group's
+    universe tensors only (what the scorer did before)."""
     labels = {"before": "before", "after": "after", "control_before": "control_before", **(labels or {})}
     labels.setdefault("control_after", "control_after")
     v = bench.values
@@ -278,6 +282,7 @@ def reference(
         if members:
             groups[k] = members
     names = [n for members in groups.values() for n in members]
+    every = [n for n in file_order(bench.paths["before"]) if component(n) is not None]
     scores: dict[str, list[np.ndarray]] = {s: [] for s in (*SCORES, *BASELINES)}
     energy, group_rows, all_cats = {}, {}, []
     row = 0
@@ -285,12 +290,19 @@ def reference(
         o = {n: v[labels["before"]][n].reshape(-1) for n in members}
         d = {n: v[labels["after"]][n].reshape(-1) - o[n] for n in members}
         delta = {n: np.abs(d[n]) for n in members}
-        sigma = float(np.concatenate([delta[n] for n in members]).astype(np.float64).std())
         dc = {
             n: np.abs(v[labels["control_after"]][n].reshape(-1) - v[labels["control_before"]][n].reshape(-1))
             for n in members
         }
-        contrast64 = np.concatenate([delta[n].astype(np.float64) - dc[n].astype(np.float64) for n in members])
+        pool = members if sigma_over == "universe" else [n for n in every if group_key(n) == k]
+        pool_delta = [np.abs(v[labels["after"]][n].reshape(-1) - v[labels["before"]][n].reshape(-1)) for n in pool]
+        pool_dc = [
+            np.abs(v[labels["control_after"]][n].reshape(-1) - v[labels["control_before"]][n].reshape(-1)) for n in pool
+        ]
+        sigma = float(np.concatenate(pool_delta).astype(np.float64).std())
+        contrast64 = np.concatenate(
+            [a.astype(np.float64) - b.astype(np.float64) for a, b in zip(pool_delta, pool_dc, strict=True)]
+        )
         sigma_c = float(contrast64.std())
         e = np.zeros(3)
         for n in members:
@@ -406,6 +418,31 @@ def test_every_score_and_baseline_matches_brute_force(full_run):
         assert set(scored) == {*SCORES, "composite"}
         best = result["auc"][target]["best"]
         assert best["value"] == max(scored.values()) and scored[best["score"]] == best["value"]
+
+
+def test_sigma_is_over_every_tensor_of_the_group(full_run):
+    """layernorm / contrastln divide by σ over every attention/MLP tensor of the (layer, component) group, as spec
+    §1.10 and the release's first pass do, not over the universe tensors only: layer 0's attention group holds an
+    unmasked o_proj, the last layer's a k_proj with retain bits only and a v_proj with forget bits only, none of
+    them scored, so the two σs differ there (and the AUCs with them)."""
+    bench, ref, result = full_run
+    last = max(k[0] for k in ref.groups)
+    outside = {f"model.layers.{last}.self_attn.{p}_proj.weight" for p in ("k", "v")}
+    outside.add("model.layers.0.self_attn.o_proj.weight")
+    assert not outside & set(result["universe"]["names"])
+    assert "model.layers.0.self_attn.o_proj.weight" not in bench.packed  # unmasked, yet in its group's σ
+    universe_only = reference(bench, sigma_over="universe")
+    differs = 0
+    for target in TARGET_CLASSES:
+        for s in ("layernorm", "contrastln"):
+            expected = ref_auc(ref.scores[s], ref.cats, target)
+            assert result["auc"][target][s] == pytest.approx(expected, abs=1e-9), (target, s)
+            differs += abs(ref_auc(universe_only.scores[s], universe_only.cats, target) - expected) > 1e-6
+    assert differs >= 4, "the bench must tell σ over the group from σ over the universe tensors"
+    reread = bench.run(LocalizationConfig(block_elems=50, composite=False, group_buffer_scalars=0))
+    for target in TARGET_CLASSES:  # the re-read path (groups too large to buffer) takes the same σ
+        for s in ("layernorm", "contrastln"):
+            assert reread["auc"][target][s] == result["auc"][target][s], (target, s)
 
 
 def test_ordinal_qtile_ties_are_the_release_ranks(full_run):
