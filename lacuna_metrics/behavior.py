@@ -1,8 +1,9 @@
 """Behavioural probes computed directly on an HF model: batched greedy generation and extraction.
 
-Used by the testbed builder's memorization test (spec §1.7) and, later, the resurfacing attack:
-greedy decoding of 20 new tokens, a fact counts as extracted under ``lacuna_tasks.normalize``'s rule
-(the same rule the lm-eval tasks use).
+Used by the testbed builder's memorization test (spec §1.7) and the resurfacing attack's extraction probe
+(spec §1.11): greedy decoding of 20 new tokens, a fact counts as extracted under a judge of
+:mod:`lacuna_tasks.normalize` (:data:`~lacuna_tasks.normalize.JUDGES`). The default judge is ``first_line``, the
+rule the lm-eval tasks use (generation cut at the first newline); ``lacuna`` is LACUNA's (the whole 20 tokens).
 """
 
 from __future__ import annotations
@@ -11,14 +12,30 @@ from collections.abc import Sequence
 
 import torch
 
-from lacuna_tasks.normalize import fact_produced
+from lacuna_tasks.normalize import DEFAULT_JUDGE, judge_hit, judge_stop
+
+_UNSET = object()
 
 
 @torch.no_grad()
 def greedy_generate(
-    model, tokenizer, prompts: Sequence[str], *, max_new_tokens: int = 20, batch_size: int = 64, stop: str = "\n"
+    model,
+    tokenizer,
+    prompts: Sequence[str],
+    *,
+    max_new_tokens: int = 20,
+    batch_size: int = 64,
+    stop: str | None = _UNSET,  # type: ignore[assignment]
+    judge: str | None = None,
 ) -> list[str]:
-    """Greedy continuations of ``prompts`` (left-padded batches, cut at ``stop``), in input order."""
+    """Greedy continuations of ``prompts`` (left-padded batches), in input order.
+
+    Each continuation is cut at ``stop`` (None: not cut), or where ``judge`` cuts it (``first_line``: at the first
+    newline; ``lacuna`` and ``loose``: nowhere); give one of the two. Neither: cut at the first newline.
+    """
+    if judge is not None and stop is not _UNSET:
+        raise ValueError("greedy_generate: give stop or judge, not both (the judge decides the cut)")
+    stop = judge_stop(judge) if judge is not None else ("\n" if stop is _UNSET else stop)
     model.eval()
     order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
     out: list[str] = [""] * len(prompts)
@@ -46,10 +63,20 @@ def greedy_generate(
 
 
 def extraction_hits(
-    model, tokenizer, prompts: Sequence[str], answers: Sequence[str], fields: Sequence[str], **kwargs
+    model,
+    tokenizer,
+    prompts: Sequence[str],
+    answers: Sequence[str],
+    fields: Sequence[str],
+    *,
+    judge: str = DEFAULT_JUDGE,
+    **kwargs,
 ) -> list[bool]:
-    """Whether each greedy generation produces its answer."""
+    """Whether each greedy generation produces its answer under ``judge`` (default ``first_line``, the rule of the
+    lm-eval tasks and the testbed's memorization test; ``lacuna``: LACUNA's rule on the whole 20 tokens)."""
     if not len(prompts) == len(answers) == len(fields):
         raise ValueError("prompts, answers and fields must have the same length")
-    generations = greedy_generate(model, tokenizer, prompts, **kwargs)
-    return [fact_produced(a, g, f) for a, g, f in zip(answers, generations, fields, strict=True)]
+    if "stop" in kwargs:
+        raise ValueError("extraction_hits: the judge decides where a generation is cut; stop= is not accepted")
+    generations = greedy_generate(model, tokenizer, prompts, judge=judge, **kwargs)
+    return [judge_hit(judge, a, g, f) for a, g, f in zip(answers, generations, fields, strict=True)]

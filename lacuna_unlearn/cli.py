@@ -116,9 +116,29 @@ def _check_score(args: argparse.Namespace) -> None:
         and not (testbed / "masks.safetensors").is_file()
     ):
         raise FileNotFoundError(f"--testbed {testbed}: no masks.safetensors (give --masks FILE or --no-masks)")
+    _calib_fields(args.calib_fields)
     if args.activation_cache:
         _writable("--activation-cache", args.activation_cache, directory=True)
     _writable("--out", args.out or Path(args.after) / "lacuna_score", directory=True)
+
+
+def _calib_fields(value: str | None) -> list[str] | None:
+    """``--calib-fields a,b`` as field keys (None or ``all``: every field); ValueError naming the known fields."""
+    if value is None or value.strip() == "all":
+        return None
+    from lacuna_tasks.schema import get_field  # not lacuna_metrics.activations: an argument error needs no torch
+
+    names = [part.strip() for part in value.split(",") if part.strip()]
+    if not names:
+        raise ValueError(f"--calib-fields {value!r}: name at least one field (email, phone, birth_city, ...)")
+    keys: list[str] = []
+    for name in names:
+        try:
+            key = get_field(name).key
+        except ValueError as exc:
+            raise ValueError(f"--calib-fields: {exc}") from None
+        keys += [key] if key not in keys else []
+    return keys
 
 
 def _check_attack(args: argparse.Namespace) -> Path:
@@ -266,6 +286,7 @@ def _score(args: argparse.Namespace) -> int:
         crossfield=args.crossfield or (),
         calib_forget=args.calib_forget,
         calib_retain=args.calib_retain,
+        calib_fields=_calib_fields(args.calib_fields),
         frag=not args.no_frag,
         gamma=args.gamma,
         frag_target=args.frag_target,
@@ -308,9 +329,13 @@ def _attack(args: argparse.Namespace) -> int:
         batch_size=args.batch_size,
         seed=args.seed,
         force=args.force,
+        judge=args.judge,
     )
     n = report["persons"]
-    print(f"| {args.field} ({n} forget persons, {args.attempts} attempts) | unlearned | relearned |")
+    print(
+        f"| {args.field} ({n} forget persons, {args.attempts} attempts, judge {report['judge']}) "
+        "| unlearned | relearned |"
+    )
     print("|---|---|---|")
     print(
         f"| Success@{args.attempts} | {report['success_at_n_unlearned']:.3f} | {report['success_at_n_relearned']:.3f} |"
@@ -493,6 +518,11 @@ def build_parser() -> argparse.ArgumentParser:
     score.add_argument("--calib-forget", help="FRAG forget calibration text: lacuna data dir, .jsonl or .txt")
     score.add_argument("--calib-retain", help="FRAG retain calibration text: lacuna data dir, .jsonl or .txt")
     score.add_argument(
+        "--calib-fields",
+        help="comma-separated fields (email, phone, birth_city, drivers_license) whose forget and retain rows "
+        "calibrate FRAG: those the run unlearned (default: all, every field; docs/scoring.md 'FRAG calibration fields')",
+    )
+    score.add_argument(
         "--calib-samples", type=_int_at_least(1), default=128, help="calibration sequences per side (spec: 128)"
     )
     score.add_argument("--gamma", type=_finite(0.0), default=1.0, help="FRAG retain penalty (spec default 1)")
@@ -576,7 +606,15 @@ def build_parser() -> argparse.ArgumentParser:
     attack.add_argument(
         "--attempts", type=_int_at_least(1), default=200, help="extraction prompts per person (Success@N)"
     )
-    attack.add_argument("--batch-size", type=_int_at_least(1), default=32, help="lm-eval generation batch size")
+    attack.add_argument("--batch-size", type=_int_at_least(1), default=32, help="probe generation batch size")
+    attack.add_argument(
+        "--judge",
+        default="lacuna",
+        choices=["lacuna", "first_line", "loose"],
+        help="leak rule of Success@N: lacuna (LACUNA's: lower-case containment in the whole 20 tokens; default, "
+        "comparable with the paper), first_line (lacuna-bench's lm-eval rule), loose; attack.json keeps all three "
+        "under by_judge (docs/tasks.md 'Judges')",
+    )
     attack.add_argument("--seed", type=int, default=42)
     attack.add_argument(
         "--set", action="append", default=[], help="Hydra override, e.g. trainer.args.learning_rate=1e-5"

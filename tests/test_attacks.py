@@ -173,10 +173,90 @@ def test_attack_end_to_end_on_the_smoke_testbed(smoke_testbed, tmp_path):
     )  # fmt: skip
     assert code == 0
     report = json.loads((out / "attack.json").read_text())
-    assert report["schema"] == {"name": "lacuna-bench/attack", "version": 2}
+    assert report["schema"] == {"name": "lacuna-bench/attack", "version": 3}
     assert (out / report["relearned"] / "config.json").is_file()  # relative: valid wherever the directory moves
     assert report["success_at_n_relearned"] >= report["success_at_n_unlearned"]
     assert report["leak_rate_relearned"] > report["leak_rate_unlearned"]
     assert report["persons"] == len(report["per_person"]) > 0
     assert (out / "relearned" / "model.safetensors").is_file() and not (tmp_path / "attack.partial").exists()
     assert report["manifest"]["config"]["source"] == "forget" and report["manifest"]["timings_seconds"]["relearn"] > 0
+
+
+# -- frozen input embeddings (LACUNA's relearning freezes embed_tokens, spec §1.5) ---------------------------
+
+
+def _compose(*overrides: str):
+    from hydra import compose, initialize_config_module
+
+    with initialize_config_module(config_module="lacuna_unlearn.configs", version_base="1.3"):
+        return compose(config_name="unlearn", overrides=list(overrides))
+
+
+@pytest.mark.parametrize("preset", ["relearn", "relearn_lora", "relearn_frag", "relearn_restricted"])
+def test_every_relearning_preset_freezes_the_input_embeddings(preset):
+    assert _compose(f"attack={preset}", "output_dir=x").freeze_embeddings is True
+    assert _compose(f"attack={preset}", "output_dir=x", "freeze_embeddings=false").freeze_embeddings is False
+    assert _compose("method=grad_diff", "output_dir=x").freeze_embeddings is False  # unlearning methods unchanged
+
+
+@pytest.mark.parametrize(
+    "preset,freeze",
+    [("relearn_restricted", True), ("relearn_lora", True), ("relearn_restricted", False)],
+)
+def test_relearning_leaves_the_input_embeddings_bit_identical(tiny_lacuna, tmp_path, preset, freeze):
+    """A relearning run trains every other weight (or LoRA adapters, merged) but not ``embed_tokens``: bit-identical
+    after the run, recorded in the manifest; ``freeze_embeddings=false`` lets them move (the option is real)."""
+    import torch
+    from safetensors.torch import load_file
+
+    from lacuna_unlearn.train import run
+
+    out = tmp_path / f"{preset}_{freeze}"
+    cfg = _compose(
+        f"attack={preset}", f"model={tiny_lacuna.model_dir}", f"data={tiny_lacuna.data_dir}", "field=email",
+        "source=forget_retain", "eval_fraction=0", "trainer.args.max_steps=2", "trainer.args.learning_rate=1e-3",
+        "trainer.args.per_device_train_batch_size=4", f"freeze_embeddings={str(freeze).lower()}", f"output_dir={out}",
+    )  # fmt: skip
+    run(cfg)
+    before = load_file(str(tiny_lacuna.model_dir / "model.safetensors"))
+    after = load_file(str(out / "model.safetensors"))
+    name = "model.embed_tokens.weight"
+    moved = [n for n in before if n != name and not torch.equal(before[n], after[n])]
+    assert moved, "the relearning run trained nothing"
+    assert torch.equal(before[name], after[name]) is freeze
+    manifest = json.loads((out / "unlearn_manifest.json").read_text())
+    assert manifest["config"]["freeze_embeddings"] is freeze
+    if freeze:
+        frozen = manifest["freeze_embeddings"]
+        assert frozen["parameter"] == name and frozen["unchanged"] is True and frozen["tied_output"] is False
+    else:
+        assert manifest["freeze_embeddings"] is None
+    assert manifest["labels"]["append_eos"] is True and manifest["labels"]["eos_appended"] is True
+
+
+def test_the_optimizer_refuses_a_frozen_embedding(tiny_lacuna, tmp_path):
+    """The trainer's optimizer is built from the restriction's parameters, which leave the frozen embeddings out;
+    a frozen parameter that reached it anyway (AdamW's weight decay alone would move it) is an error."""
+    from transformers import AutoModelForCausalLM, TrainingArguments
+
+    from lacuna_unlearn.methods import make_method
+    from lacuna_unlearn.restrict import check_optimizer, param_groups, parse_restriction
+    from lacuna_unlearn.trainer import UnlearnTrainer, freeze_input_embeddings
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_lacuna.model_dir)
+    frozen = freeze_input_embeddings(model)
+    resolved = parse_restriction("none").resolve(model)
+    assert "model.embed_tokens.weight" not in resolved
+    args = TrainingArguments(output_dir=str(tmp_path / "t"), report_to=[], use_cpu=True, weight_decay=0.1)
+
+    def trainer(groups):
+        return UnlearnTrainer(
+            model=model, args=args, method=make_method("finetune"), param_groups=groups, frozen=[frozen["weight"]]
+        )
+
+    optimizer = trainer(param_groups(model, resolved, 0.1)).create_optimizer()
+    held = {id(p) for g in optimizer.param_groups for p in g["params"]}
+    assert id(frozen["weight"]) not in held and len(held) == len(resolved)
+    check_optimizer(optimizer, model, resolved)
+    with pytest.raises(RuntimeError, match="frozen parameter"):
+        trainer([{"params": list(model.parameters()), "weight_decay": 0.1}]).create_optimizer()
