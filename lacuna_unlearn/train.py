@@ -108,6 +108,8 @@ def run(cfg: Any) -> Path:
         lora=lora,
         eval_rows=eval_rows or None,
         eval_steps=int(cfg.get("eval_steps") or 25),
+        freeze_embeddings=bool(cfg.get("freeze_embeddings", False)),
+        append_eos=bool(cfg.get("append_eos", True)),
     )
 
 
@@ -145,6 +147,10 @@ def preflight(cfg: Any) -> None:
     seed = cfg.get("seed")
     if isinstance(seed, bool) or not isinstance(seed, int):
         raise ValueError(f"seed={seed!r}: expected an integer")
+    for key in ("freeze_embeddings", "append_eos"):
+        value = cfg.get(key)
+        if value is not None and not isinstance(value, bool):
+            raise ValueError(f"{key}={value!r}: expected true or false")
     from lacuna_tasks.schema import FIELDS
 
     if cfg.get("field") != "all" and cfg.get("field") not in FIELDS:

@@ -6,7 +6,10 @@ an optional gradient restriction (``forget_mask`` = OracleGrad with GradDiff), t
 restricted scalars did not move, and writes an HF checkpoint plus ``unlearn_manifest.json``
 atomically (``OUT.partial`` renamed at the end). ``lora=LoraSettings(...)`` trains adapters instead of the
 weights and merges them before saving; ``eval_rows`` holds out QA rows whose loss picks the best checkpoint
-(the relearning attack's protocol, spec §1.11).
+(the relearning attack's protocol, spec §1.11). ``freeze_embeddings=True`` keeps the input embeddings out of the
+optimizer and checks they come out bit-identical (LACUNA's relearning freezes ``embed_tokens``, spec §1.5; the
+``attack=relearn*`` presets turn it on). ``append_eos`` ends every labelled answer with EOS (OpenUnlearning and
+LACUNA; :func:`lacuna_unlearn.unlearn_data.encode_qa`). The manifest records both.
 
 Distributed (``docs/distributed.md``): DDP as is; FSDP2 (``accelerate launch --use_fsdp --fsdp_version 2``)
 with restrictions exact on the sharded DTensor parameters (masks cut to each rank's shard, checked on the
@@ -34,9 +37,9 @@ from lacuna_metrics.manifest import hardware, package_versions, write_json
 from lacuna_metrics.masks import MaskSet
 from lacuna_unlearn.lora import LoraSettings
 from lacuna_unlearn.methods import Method
-from lacuna_unlearn.unlearn_data import ForgetRetainDataset, QADataset, collate_forget_retain
+from lacuna_unlearn.unlearn_data import ForgetRetainDataset, QADataset, collate_forget_retain, eos_appended
 
-__all__ = ["TrainConfig", "UnlearnTrainer", "unlearn"]
+__all__ = ["TrainConfig", "UnlearnTrainer", "freeze_input_embeddings", "unlearn"]
 
 UNLEARN_PACKAGES = ("lacuna-bench", "torch", "transformers", "accelerate", "peft")
 
@@ -59,6 +62,7 @@ class UnlearnTrainer(Trainer):
         ref_model: torch.nn.Module | None = None,
         param_groups: list[dict[str, Any]] | None = None,
         grad_masks: Mapping[str, torch.Tensor | None] | None = None,
+        frozen: Sequence[torch.nn.Parameter] = (),
         **kwargs: Any,
     ) -> None:
         super().__init__(*args, **kwargs)
@@ -66,6 +70,7 @@ class UnlearnTrainer(Trainer):
         self.ref_model = ref_model
         self.last_logs: dict[str, float] = {}
         self._param_groups = param_groups
+        self._frozen = list(frozen)  # parameters the optimizer must not hold (frozen input embeddings)
         self._grad_masks = {n: m for n, m in (grad_masks or {}).items() if m is not None}
         self._shard_drops: list[tuple[torch.nn.Parameter, torch.Tensor]] | None = None
 
@@ -89,6 +94,9 @@ class UnlearnTrainer(Trainer):
                 betas=(self.args.adam_beta1, self.args.adam_beta2),
                 eps=self.args.adam_epsilon,
             )
+            held = {id(p) for group in self.optimizer.param_groups for p in group["params"]}
+            if any(id(p) in held for p in self._frozen):  # AdamW's weight decay alone would move them
+                raise RuntimeError("a frozen parameter (the input embeddings) reached the optimizer")
         return self.optimizer
 
     def training_step(self, model, inputs, num_items_in_batch=None):  # noqa: ANN001, ANN201
@@ -170,8 +178,15 @@ def unlearn(
     lora: LoraSettings | None = None,
     eval_rows: Sequence[Mapping[str, Any]] | None = None,
     eval_steps: int = 25,
+    freeze_embeddings: bool = False,
+    append_eos: bool = True,
 ) -> Path:
-    """Unlearn ``forget_rows`` from the checkpoint at ``model_dir``; return the output directory."""
+    """Unlearn ``forget_rows`` from the checkpoint at ``model_dir``; return the output directory.
+
+    ``freeze_embeddings``: the input embeddings stay frozen (out of the optimizer, checked bit-identical after
+    training; a tied LM head is frozen with them), as LACUNA's relearning; the relearning attacks set it.
+    ``append_eos``: labels end with the tokenizer's EOS after `` answer\\n`` (OpenUnlearning/LACUNA; none if the
+    tokenizer has no EOS token)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from lacuna_unlearn.restrict import apply_restriction, intersect, param_groups, parse_restriction, restriction_stats
@@ -192,12 +207,22 @@ def unlearn(
             "(add an EOS token to the tokenizer and save it with the checkpoint)"
         )
     model = AutoModelForCausalLM.from_pretrained(model_dir, local_files_only=True, trust_remote_code=False)
+    frozen = freeze_input_embeddings(model) if freeze_embeddings else None  # before the restriction picks parameters
     prepare = getattr(method, "prepare", None)
     if callable(prepare):  # e.g. JensUn tokenizes its refusal string
         prepare(tokenizer)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    forget = QADataset(forget_rows, tokenizer, train.max_length, name="forget")
-    retain = QADataset(retain_rows, tokenizer, train.max_length, name="retain") if method.needs_retain else None
+    forget = QADataset(forget_rows, tokenizer, train.max_length, name="forget", append_eos=append_eos)
+    retain = (
+        QADataset(retain_rows, tokenizer, train.max_length, name="retain", append_eos=append_eos)
+        if method.needs_retain
+        else None
+    )
+    labels_info = {
+        "append_eos": bool(append_eos),
+        "eos_token_id": tokenizer.eos_token_id,
+        "eos_appended": eos_appended(tokenizer, append_eos),  # false when the tokenizer has no EOS token
+    }
 
     restriction = parse_restriction(restrict)
     if lora is not None and restriction.kind != "none":
@@ -214,13 +239,22 @@ def unlearn(
         if train.extra.get("gradient_checkpointing") or train.extra.get("activation_checkpointing"):
             model.enable_input_require_grads()  # adapters behind frozen embeddings still need grads to flow
         resolved = {n: None for n, p in model.named_parameters() if p.requires_grad}  # the adapters
+        if frozen is not None:
+            adapted = [n for n, p in model.get_input_embeddings().named_parameters() if p.requires_grad]
+            if adapted:
+                raise ValueError(
+                    f"freeze_embeddings=true, but LoRA adapts the input embeddings ({adapted[:3]}): drop them from "
+                    "lora.target_modules or set freeze_embeddings=false"
+                )
     located = method.locate(model, forget, retain, collate)  # WAGLE / MemFlex: the method's own localisation
     if located is not None:
         resolved = intersect(resolved, located)
     checked = restriction.kind != "none" or located is not None
     before = {n: p.detach().clone() for n, p in model.named_parameters()} if checked else None
     handle = apply_restriction(model, resolved)
-    evaluation = QADataset(eval_rows, tokenizer, train.max_length, name="eval") if eval_rows else None
+    evaluation = (
+        QADataset(eval_rows, tokenizer, train.max_length, name="eval", append_eos=append_eos) if eval_rows else None
+    )
     holdout = (
         {
             "eval_strategy": "steps",
@@ -273,6 +307,7 @@ def unlearn(
         ref_model=ref_model,
         param_groups=groups,
         grad_masks=resolved,
+        frozen=[frozen["weight"]] if frozen is not None else (),
     )
     if ref_model is not None:
         ref_model.to(args.device)
@@ -297,6 +332,13 @@ def unlearn(
         moved = check_unchanged(before, trainer.model, resolved) if before is not None else []
         if moved:
             raise RuntimeError(f"restriction {restrict!r} violated: out-of-mask scalars changed in {moved[:5]}")
+        if frozen is not None:
+            frozen["unchanged"] = None  # not checked under FSDP (sharded weights)
+            if not trainer.is_fsdp_enabled:
+                current = trainer.accelerator.unwrap_model(trainer.model).get_input_embeddings().weight
+                if _digest(current) != frozen["sha256"]:
+                    raise RuntimeError(f"freeze_embeddings: {frozen['parameter']} changed during training")
+                frozen["unchanged"] = True
         if lora is not None:
             model = lora.merge(trainer.model)
         # Sharded weights are gathered on every rank (a collective), then written by rank 0.
@@ -315,6 +357,8 @@ def unlearn(
                     "method_args": asdict(method),
                     "train": asdict(train),
                     "restrict": restrict,
+                    "freeze_embeddings": {k: v for k, v in frozen.items() if k != "weight"} if frozen else None,
+                    "labels": labels_info,
                     "lora": asdict(lora) if lora is not None else None,
                     "eval": {"rows": len(evaluation), "steps": eval_steps, "best": trainer.state.best_metric}
                     if evaluation is not None
@@ -349,6 +393,36 @@ def unlearn(
         shutil.rmtree(partial, ignore_errors=True)
         raise
     return out
+
+
+def _digest(weight: torch.Tensor) -> str:
+    """SHA-256 of a tensor's bytes: a bit-for-bit comparison without keeping a copy (a 1B model's embeddings are
+    hundreds of MB)."""
+    import hashlib
+
+    flat = weight.detach().reshape(-1).contiguous().cpu()
+    return hashlib.sha256(flat.view(torch.uint8).numpy()).hexdigest()  # hashes the buffer in place, no bytes copy
+
+
+def freeze_input_embeddings(model: torch.nn.Module) -> dict[str, Any]:
+    """Freeze ``model``'s input embeddings (``requires_grad=False``: no gradient, so no optimizer state), as LACUNA's
+    relearning and masked pre-training freeze ``embed_tokens`` (spec §1.5). Returns what the manifest records and
+    what :func:`unlearn` checks after training: the parameter's name, whether the output embeddings are tied to it
+    (then the LM head is frozen too, as in LACUNA's code) and its SHA-256; ``weight`` is the parameter itself."""
+    embeddings = model.get_input_embeddings()
+    weight = getattr(embeddings, "weight", None)
+    if not isinstance(weight, torch.nn.Parameter):
+        raise ValueError(f"freeze_embeddings: {type(model).__name__} has no input embedding weight to freeze")
+    weight.requires_grad_(False)
+    names = [n for n, p in model.named_parameters(remove_duplicate=False) if p is weight]
+    output = model.get_output_embeddings()
+    tied = output is not None and getattr(output, "weight", None) is weight
+    if tied:
+        warnings.warn(
+            "freeze_embeddings: the output embeddings are tied to the input ones, so the LM head is frozen too",
+            stacklevel=2,
+        )
+    return {"parameter": names[0] if names else "", "tied_output": tied, "sha256": _digest(weight), "weight": weight}
 
 
 def _distributed_setup(trainer: UnlearnTrainer, *, checked: bool, restrict: str, lora: bool) -> dict[str, Any]:

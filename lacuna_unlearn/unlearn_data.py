@@ -1,10 +1,14 @@
 """Forget/retain QA data for unlearning: LACUNA "Q:/A:" text, loss on the answer tokens only.
 
 Each QA row becomes the probe prompt ``Q: question\\nA:`` (labels -100) followed by the continuation
-`` answer\\n`` (labelled), tokenized separately and concatenated, so the answer's first token is the
-same one lm-eval scores and the extraction probe generates. Forget items are paired with a uniformly
-random retain item on every access, and one epoch is one pass over the forget set (OpenUnlearning's
-``ForgetRetainDataset`` with ``anchor: forget``).
+`` answer\\n`` and the tokenizer's EOS token (labelled), tokenized separately and concatenated, so the answer's
+first token is the same one lm-eval scores and the extraction probe generates. The EOS is OpenUnlearning's
+(``preprocess_chat_instance``, which LACUNA unlearns with: assistant part ``"A: " + answer + "\\n"``, then EOS
+appended if missing; spec ``openunlearning.md`` §2 "Labels", ``papers.md`` §1.4), so every loss also counts the
+end-of-answer prediction. ``append_eos=False`` (config ``append_eos=false``) gives the earlier `` answer\\n``-only
+labels; a tokenizer without an EOS token gets none (the trainer's manifest records which). Forget items are paired
+with a uniformly random retain item on every access, and one epoch is one pass over the forget set
+(OpenUnlearning's ``ForgetRetainDataset`` with ``anchor: forget``).
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ __all__ = [
     "check_unlearning_splits",
     "collate_forget_retain",
     "encode_qa",
+    "eos_appended",
     "replace_answers",
     "retain_sources",
     "split_rows",
@@ -131,12 +136,23 @@ def split_rows(data: Any, split: str, field: str) -> list[dict[str, Any]]:
     return rows
 
 
-def encode_qa(tokenizer: Any, question: str, answer: str, max_length: int = 256) -> dict[str, torch.Tensor]:
-    """Token ids and labels of one QA pair; labels cover `` answer\\n`` only. Truncates the prompt's left end."""
+def eos_appended(tokenizer: Any, append_eos: bool = True) -> bool:
+    """Whether :func:`encode_qa` ends the labelled target with EOS: asked for, and the tokenizer has an EOS token."""
+    return bool(append_eos) and getattr(tokenizer, "eos_token_id", None) is not None
+
+
+def encode_qa(
+    tokenizer: Any, question: str, answer: str, max_length: int = 256, *, append_eos: bool = True
+) -> dict[str, torch.Tensor]:
+    """Token ids and labels of one QA pair; labels cover `` answer\\n`` and then the tokenizer's EOS (OpenUnlearning
+    and LACUNA: the answer plus EOS; none if ``append_eos`` is false or the tokenizer has no EOS token, see
+    :func:`eos_appended`). The prompt's left end is truncated; the labelled target is always kept whole."""
     prompt = tokenizer(probe_prompt(question), add_special_tokens=False)["input_ids"]
     target = tokenizer(f" {answer}\n", add_special_tokens=False)["input_ids"]
     if not target:
         raise ValueError(f"answer {answer!r} tokenizes to nothing")
+    if eos_appended(tokenizer, append_eos) and target[-1] != tokenizer.eos_token_id:  # "appends EOS if missing"
+        target = [*target, int(tokenizer.eos_token_id)]
     if len(target) >= max_length:
         raise ValueError(f"answer of {len(target)} tokens does not fit max_length={max_length}")
     prompt = prompt[-(max_length - len(target)) :]
@@ -146,10 +162,17 @@ def encode_qa(tokenizer: Any, question: str, answer: str, max_length: int = 256)
 
 
 class QADataset(torch.utils.data.Dataset):
-    """Tokenized QA rows (``question`` / ``answer`` keys, the ``lacuna_tasks`` schema)."""
+    """Tokenized QA rows (``question`` / ``answer`` keys, the ``lacuna_tasks`` schema); ``append_eos`` as in
+    :func:`encode_qa`."""
 
     def __init__(
-        self, rows: Sequence[Mapping[str, Any]], tokenizer: Any, max_length: int = 256, name: str = ""
+        self,
+        rows: Sequence[Mapping[str, Any]],
+        tokenizer: Any,
+        max_length: int = 256,
+        name: str = "",
+        *,
+        append_eos: bool = True,
     ) -> None:
         if not rows:
             raise ValueError(f"the {name or 'QA'} split is empty")
@@ -157,7 +180,7 @@ class QADataset(torch.utils.data.Dataset):
         for i, row in enumerate(rows):
             if not isinstance(row.get("question"), str) or not isinstance(row.get("answer"), str):
                 raise ValueError(f"{name or 'QA'} row {i}: needs string fields 'question' and 'answer'")
-            self.items.append(encode_qa(tokenizer, row["question"], row["answer"], max_length))
+            self.items.append(encode_qa(tokenizer, row["question"], row["answer"], max_length, append_eos=append_eos))
 
     def __len__(self) -> int:
         return len(self.items)

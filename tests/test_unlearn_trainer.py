@@ -13,13 +13,13 @@ from lacuna_unlearn.trainer import TrainConfig, unlearn
 from lacuna_unlearn.unlearn_data import encode_qa
 
 
-def test_labels_cover_the_answer_only(tiny_lacuna):
+def test_labels_cover_the_answer_and_eos_only(tiny_lacuna):
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(tiny_lacuna.model_dir)
     item = encode_qa(tok, "What is Ann's email?", "ann@example.com")
     labelled = item["input_ids"][item["labels"] != -100]
-    assert tok.decode(labelled) == " ann@example.com\n"
+    assert tok.decode(labelled) == " ann@example.com\n" + tok.eos_token
     assert tok.decode(item["input_ids"]).startswith("Q: What is Ann's email?\nA:")
 
 

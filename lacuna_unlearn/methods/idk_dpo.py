@@ -30,11 +30,14 @@ class IdkDPO(GradDiff):
         return True
 
     def prepare(self, tokenizer: Any) -> None:
-        """Tokenize `` refusal\\n`` the way :func:`lacuna_unlearn.unlearn_data.encode_qa` tokenizes answers."""
+        """Tokenize `` refusal\\n`` + EOS the way :func:`lacuna_unlearn.unlearn_data.encode_qa` tokenizes answers
+        (EOS when the tokenizer has one: the answers it replaces end with EOS, docs/unlearning.md)."""
         if not self.refusal_ids:
             ids = tokenizer(f" {self.refusal}\n", add_special_tokens=False)["input_ids"]
             if not ids:
                 raise ValueError(f"refusal {self.refusal!r} tokenizes to nothing")
+            if getattr(tokenizer, "eos_token_id", None) is not None:
+                ids = [*ids, tokenizer.eos_token_id]
             self.refusal_ids = tuple(int(i) for i in ids)
 
     def loss(self, model, inputs, ref_model):  # noqa: ANN001, ANN201 - see Method.loss

@@ -1,0 +1,96 @@
+"""Unlearning labels (``lacuna_unlearn.unlearn_data.encode_qa``): the answer `` answer\\n`` followed by the
+tokenizer's EOS, as OpenUnlearning's ``preprocess_chat_instance`` builds them for LACUNA (spec ``openunlearning.md``
+§2 "Labels", ``papers.md`` §1.4); prompt tokens -100; the target is never truncated; ``append_eos=False`` gives the
+earlier labels; a tokenizer without an EOS token gets none. A tokenizer trained here, no model."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from lacuna_tasks.prompts import probe_prompt
+from lacuna_unlearn.losses import token_counts
+from lacuna_unlearn.unlearn_data import (
+    IGNORE_INDEX,
+    QADataset,
+    collate_forget_retain,
+    encode_qa,
+    eos_appended,
+)
+
+QUESTION = "What is the email address of Ann Lee, who was born in Lyon?"
+ANSWER = "ann.lee@example.com"
+
+
+@pytest.fixture(scope="module")
+def tok():
+    from lacuna_unlearn.tokenizer import train_tokenizer
+
+    corpus = [probe_prompt(QUESTION) + f" {ANSWER}\n", "Q: Where was Bob born?\nA: Paris\n"] * 20
+    return train_tokenizer(corpus, vocab_size=300)
+
+
+@pytest.fixture(scope="module")
+def tok_without_eos(tok):
+    from transformers import PreTrainedTokenizerFast
+
+    return PreTrainedTokenizerFast(tokenizer_object=tok.backend_tokenizer)  # same vocabulary, no special tokens
+
+
+def _ids(tok, text: str) -> list[int]:
+    return tok(text, add_special_tokens=False)["input_ids"]
+
+
+def test_labels_are_the_answer_then_eos(tok):
+    item = encode_qa(tok, QUESTION, ANSWER)
+    ids, labels = item["input_ids"].tolist(), item["labels"].tolist()
+    prompt, answer = _ids(tok, probe_prompt(QUESTION)), _ids(tok, f" {ANSWER}\n")
+    assert ids == prompt + answer + [tok.eos_token_id]
+    assert labels == [IGNORE_INDEX] * len(prompt) + answer + [tok.eos_token_id]
+    assert labels[-1] == tok.eos_token_id and tok.decode(answer) == f" {ANSWER}\n"  # EOS after the newline
+    assert eos_appended(tok) and not eos_appended(tok, append_eos=False)
+
+
+def test_option_off_reproduces_the_earlier_labels(tok):
+    item = encode_qa(tok, QUESTION, ANSWER, append_eos=False)
+    prompt, answer = _ids(tok, probe_prompt(QUESTION)), _ids(tok, f" {ANSWER}\n")
+    assert item["input_ids"].tolist() == prompt + answer
+    assert item["labels"].tolist() == [IGNORE_INDEX] * len(prompt) + answer
+    data = QADataset([{"question": QUESTION, "answer": ANSWER}], tok, append_eos=False)
+    assert torch.equal(data[0]["labels"], item["labels"])
+
+
+def test_truncation_keeps_the_whole_target_with_eos(tok):
+    answer = _ids(tok, f" {ANSWER}\n")
+    target = len(answer) + 1
+    item = encode_qa(tok, QUESTION, ANSWER, max_length=target + 3)  # room for 3 prompt tokens only
+    labels = item["labels"].tolist()
+    assert len(labels) == target + 3 and labels[:3] == [IGNORE_INDEX] * 3
+    assert labels[3:] == answer + [tok.eos_token_id]
+    assert item["input_ids"].tolist()[:3] == _ids(tok, probe_prompt(QUESTION))[-3:]  # the prompt's left end goes
+    with pytest.raises(ValueError, match="does not fit max_length"):
+        encode_qa(tok, QUESTION, ANSWER, max_length=target)  # EOS counts towards the target
+    assert encode_qa(tok, QUESTION, ANSWER, max_length=target, append_eos=False)["labels"].tolist()[-1] != (
+        tok.eos_token_id
+    )
+
+
+def test_tokenizer_without_eos_gets_no_eos(tok, tok_without_eos):
+    assert tok_without_eos.eos_token_id is None and not eos_appended(tok_without_eos)
+    item = encode_qa(tok_without_eos, QUESTION, ANSWER)
+    assert item["labels"].tolist() == encode_qa(tok, QUESTION, ANSWER, append_eos=False)["labels"].tolist()
+
+
+def test_losses_count_the_eos_label(tok):
+    """Every loss reads the collated labels: the EOS is one more labelled token per row, and padding stays -100."""
+    rows = [{"question": QUESTION, "answer": ANSWER}, {"question": "Where was Bob born?", "answer": "Paris"}]
+    with_eos = QADataset(rows, tok, name="forget")
+    without = QADataset(rows, tok, name="forget", append_eos=False)
+    collate = collate_forget_retain(tok.pad_token_id)
+    a = collate([{"forget": x} for x in with_eos])["forget"]
+    b = collate([{"forget": x} for x in without])["forget"]
+    assert torch.equal(token_counts(a["labels"]), token_counts(b["labels"]) + 1)
+    for row, item in enumerate(with_eos):
+        n = item["labels"].numel()
+        assert a["labels"][row, n - 1] == tok.eos_token_id and a["attention_mask"][row, n - 1] == 1
+        assert (a["labels"][row, n:] == IGNORE_INDEX).all()
