@@ -84,6 +84,7 @@ METRICS: dict[str, str] = {
     "auc_forget_lift": "largest AUC(F) minus null AUC over every family (lift)",
     "retain_eval_accuracy": "held-out retain accuracy (people no unlearning loss saw)",
     "crossfield_accuracy": "cross-field retention (the forget people's other fields)",
+    "neutral_ppl_ratio": "neutral-text word perplexity after / before unlearning (held-out prose)",
     "frag": "FRAG (forget/retain alignment of the update)",
     "l2": "global L2 norm of the weight update",
 }
@@ -105,6 +106,13 @@ _BUILTINS: tuple[tuple[str, str, str, str, str], ...] = (
         "Success@N <= X (lacuna run: after the relearning attack; lm-eval: the <field>_extraction task)",
     ),
     ("--max-frag", "max-frag", "frag", "<=", "FRAG <= X"),
+    (
+        "--max-ppl-ratio",
+        "max-ppl-ratio",
+        "neutral_ppl_ratio",
+        "<=",
+        "neutral perplexity after/before <= X (lacuna run)",
+    ),
     ("--min-frag", "min-frag", "frag", ">=", "FRAG >= X"),
 )
 
@@ -139,6 +147,7 @@ _RUN_METRICS: dict[str, str] = {
     "auc_forget_lift": "auc.forget.best_lift.value",
     "retain_eval_accuracy": "behaviour.retain_eval_accuracy",
     "crossfield_accuracy": "behaviour.crossfield_accuracy",
+    "neutral_ppl_ratio": "behaviour.neutral_ppl_ratio",
     "frag": "frag",
     "l2": "l2",
 }

@@ -300,13 +300,25 @@ def disagrees(method: dict[str, Any]) -> bool:
     return (regime["reversible"] is False and success > 0) or (regime["reversible"] is True and success == 0)
 
 
+def _ppl(behaviour: dict[str, Any]) -> str:
+    """The baseline's neutral word perplexity (the denominator of the methods' ratio)."""
+    value = behaviour.get("neutral_word_perplexity")
+    return "n/a" if value is None else f"ppl {value:.4g}"
+
+
+def _ppl_ratio(behaviour: dict[str, Any]) -> str:
+    """Neutral word perplexity after / before unlearning (> 1: general language modelling got worse)."""
+    value = behaviour.get("neutral_ppl_ratio")
+    return "n/a" if value is None else f"×{value:.3f}"
+
+
 def _field_table(entry: dict[str, Any], trivial: dict[str, Any], attempts: Any) -> tuple[list[str], bool]:
     base = (entry.get("baseline") or {}).get("behaviour") or {}
     lines = [
         f"| method | forget EM / ES / Prob | forget leak: unlearned → relearned | retain acc: unlearned → relearned "
-        f"| held-out retain acc | cross-field acc | J_W | AUC(F) | AUC(F-R) | AUC(F vs R) | FRAG "
+        f"| held-out retain acc | cross-field acc | neutral ppl ratio | J_W | AUC(F) | AUC(F-R) | AUC(F vs R) | FRAG "
         f"| Success@{attempts}: unlearned → relearned | regime |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
 
     def memorization(b: dict[str, Any]) -> str:
@@ -318,8 +330,8 @@ def _field_table(entry: dict[str, Any], trivial: dict[str, Any], attempts: Any) 
 
     lines.append(
         f"| before unlearning | {memorization(base)} | {_rate(base, 'forget_leak')} | {_rate(base, 'retain_accuracy')} "
-        f"| {_rate(base, 'retain_eval_accuracy')} | {_rate(base, 'crossfield_accuracy')} | {_rate(base, 'j_w')} "
-        "| | | | | | |"
+        f"| {_rate(base, 'retain_eval_accuracy')} | {_rate(base, 'crossfield_accuracy')} | {_ppl(base)} "
+        f"| {_rate(base, 'j_w')} | | | | | | |"
     )
     footnote = False
     for name, m in (entry.get("methods") or {}).items():
@@ -353,7 +365,7 @@ def _field_table(entry: dict[str, Any], trivial: dict[str, Any], attempts: Any) 
         frag = m.get("frag")
         lines.append(
             f"| {name} | {memorization(beh)} | {_relearned(beh, rel, 'forget_leak')} | {_relearned(beh, rel, 'retain_accuracy')} "
-            f"| {_rate(beh, 'retain_eval_accuracy')} | {_rate(beh, 'crossfield_accuracy')} "
+            f"| {_rate(beh, 'retain_eval_accuracy')} | {_rate(beh, 'crossfield_accuracy')} | {_ppl_ratio(beh)} "
             f"| {_rate(beh, 'j_w')} | {best('forget')} | {best('unified')} | {best('forget_vs_retain')} "
             f"| {'n/a' if frag is None else f'{frag:.3g}'} | {attack} | {label} |"
         )
@@ -367,7 +379,7 @@ def _field_table(entry: dict[str, Any], trivial: dict[str, Any], attempts: Any) 
         lines.append(
             f"| positive control: {control.get('name')} | {memorization(beh)} | {_rate(beh, 'forget_leak')} "
             f"| {_rate(beh, 'retain_accuracy')} | {_rate(beh, 'retain_eval_accuracy')} "
-            f"| {_rate(beh, 'crossfield_accuracy')} | {_rate(beh, 'j_w')} | | | | | | {label} |"
+            f"| {_rate(beh, 'crossfield_accuracy')} | {_ppl_ratio(beh)} | {_rate(beh, 'j_w')} | | | | | | {label} |"
         )
     if trivial:
         cells = []

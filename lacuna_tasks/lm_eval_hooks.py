@@ -16,6 +16,9 @@ Prompts end in ``A:`` (the space before the answer is the model's to produce), s
   leaking at least once (spec §1.11). Seeds are SHA-256 of (seed, person, field, attempt), never ``hash()``.
 
 Docs are sorted by person, so ``--limit`` keeps whole persons where it can.
+
+The per-person aggregates (J_P, J_ICR, J_W, Success@N: ``per_person_any``) report their lm-eval stderr over
+persons, not documents (``per_person_stderr``, wired into lm-eval by ``install_person_stderr``).
 """
 
 from __future__ import annotations
@@ -237,14 +240,77 @@ def per_person_any(items: Iterable[tuple[str, bool | None]]) -> float | None:
     ``--limit 4``, whose first documents are all plain probes: "not measured", as ``lacuna gate`` reads a missing
     metric, instead of a NaN that is not JSON and turns every mean it enters into NaN (docs/tasks.md).
     """
+    values = per_person_values(items)
+    if not values:
+        return None
+    return sum(values.values()) / len(values)
+
+
+def per_person_values(items: Iterable[tuple[str, bool | None]]) -> dict[str, float]:
+    """Per person: 1.0 if any of the person's probes leaked, else 0.0 (None items are not part of the metric)."""
     leaked: dict[str, bool] = {}
     for person, hit in items:
         if hit is None:
             continue
         leaked[person] = leaked.get(person, False) or bool(hit)
-    if not leaked:
-        return None
-    return sum(leaked.values()) / len(leaked)
+    return {person: float(hit) for person, hit in leaked.items()}
+
+
+def per_person_stderr(items: Iterable[tuple[str, bool | None]]) -> float | str:
+    """Standard error of :func:`per_person_any` over persons: sample sd (n - 1) of the per-person 0/1 values
+    divided by sqrt(n persons), lm-eval's ``mean_stderr`` applied to persons instead of documents.
+
+    ``"N/A"`` (lm-eval's marker for "no stderr") with fewer than two persons. lm-eval reports it as
+    ``<metric>_stderr,none``; :func:`install_person_stderr` is what makes lm-eval call it.
+    """
+    values = list(per_person_values(items).values())
+    n = len(values)
+    if n < 2:
+        return "N/A"
+    mu = sum(values) / n
+    return math.sqrt(sum((v - mu) ** 2 for v in values) / (n - 1)) / math.sqrt(n)
+
+
+#: lm-eval's stderr for an aggregation callable: read by the wrapper :func:`install_person_stderr` installs.
+per_person_any.lacuna_stderr = per_person_stderr  # type: ignore[attr-defined]
+
+
+def install_person_stderr() -> bool:
+    """Make lm-eval report the stderr of the per-person aggregates over persons (``docs/tasks.md``).
+
+    lm-eval 0.4.x picks a metric's stderr function in ``stderr_for_metric(aggregation, bootstrap_iters)``, which
+    knows only its own aggregations by identity: for a custom ``!function`` aggregation such as
+    :func:`per_person_any` it returns None and the results say ``"N/A"``. This wraps the function that
+    ``lm_eval.evaluator_utils`` calls so that an aggregation carrying a ``lacuna_stderr`` attribute gets that
+    function (and ``--bootstrap_iters 0`` still turns every stderr off); any other aggregation is answered by
+    lm-eval's own function. Idempotent; called when this module is imported, which lm-eval does when it loads
+    any LACUNA task. Returns False (stderr stays "N/A") if the installed lm-eval has no such function.
+    """
+    import functools
+
+    try:
+        from lm_eval import evaluator_utils
+    except ImportError:  # pragma: no cover - lm-eval without the module: nothing to wrap
+        return False
+    original = getattr(evaluator_utils, "stderr_for_metric", None)
+    if original is None:
+        return False
+    if getattr(original, "_lacuna_person_stderr", False):
+        return True
+
+    @functools.wraps(original)
+    def stderr_for_metric(metric: Any, bootstrap_iters: int) -> Any:
+        own = getattr(metric, "lacuna_stderr", None)
+        if own is not None:
+            return own if bootstrap_iters > 0 else None
+        return original(metric, bootstrap_iters)
+
+    stderr_for_metric._lacuna_person_stderr = True  # type: ignore[attr-defined]
+    evaluator_utils.stderr_for_metric = stderr_for_metric
+    return True
+
+
+install_person_stderr()
 
 
 # --------------------------------------------------------------------------- task classes

@@ -23,6 +23,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from lacuna_tasks.schema import NEUTRAL_HELDOUT_FILE, NEUTRAL_PPL_TASK
 from lacuna_unlearn.publish import building
 
 __all__ = ["DEFAULT_RUN", "RUN_SCHEMA", "load_run_config", "run_benchmark"]
@@ -52,9 +53,14 @@ DEFAULT_RUN: dict[str, Any] = {
         "memflex": ["trainer.args.learning_rate=1e-3"],  # LoRA needs a larger step than mini's 2e-4
         "wagle": [],
     },
-    "eval": {"batch_size": 32, "tasks": None},  # tasks: null = the field group lacuna_<field>; or suffixes
+    "eval": {
+        "batch_size": 32,
+        "tasks": None,
+        "neutral_ppl": True,
+    },  # tasks: null = the field group lacuna_<field>; or suffixes
     "score": {"enabled": True, "composite_samples": 200_000, "frag": True, "null": True, "null_tolerance": 0.05},
-    "attack": {"enabled": True, "protocol": "relearn", "attempts": 200, "overrides": []},
+    # judge: the leak rule of Success@N (docs/tasks.md "Judges"); lacuna = LACUNA's, comparable with the paper
+    "attack": {"enabled": True, "protocol": "relearn", "attempts": 200, "overrides": [], "judge": "lacuna"},
     "regime": {"tau_rev": 0.5, "tau_cat": 0.2, "relative": False},
     # Restricted relearning (spec §5.6, docs/report.md "Regime"): |D_f| rows from each source; the regime is read
     # from the source that recovers most. The positive control (output suppression only) must come out reversible.
@@ -254,6 +260,10 @@ def _validate(cfg: Mapping[str, Any]) -> None:
     protocols = sorted(f.stem for f in (Path(__file__).with_name("configs") / "attack").glob("*.yaml"))
     if cfg["attack"]["protocol"] not in protocols:
         raise ValueError(f"run config: attack.protocol {cfg['attack']['protocol']!r} is not one of {protocols}")
+    from lacuna_tasks.normalize import JUDGES
+
+    if cfg["attack"]["judge"] not in JUDGES:
+        raise ValueError(f"run config: attack.judge {cfg['attack']['judge']!r} is not one of {list(JUDGES)}")
 
 
 # --------------------------------------------------------------------------- stage cache
@@ -364,6 +374,8 @@ def _behaviour(
         name: results.get(f"lacuna_{field}_{task}", {}).get(metric)
         for name, (task, metric) in BEHAVIOUR_METRICS.items()
     }
+    # word perplexity on the testbed's held-out neutral prose (lacuna_neutral_ppl, docs/tasks.md); not per person
+    out["neutral_word_perplexity"] = results.get(NEUTRAL_PPL_TASK, {}).get("word_perplexity")
     n: dict[str, int | None] = {}
     if persons is not None:
         ci: dict[str, list[float] | None] = {}
@@ -402,6 +414,7 @@ def _eval_stage(
         persons = {
             task: {metric: per_person_values(out["samples"].get(task, []), metric) for metric in metrics}
             for task, metrics in out["results"].items()
+            if task != NEUTRAL_PPL_TASK  # documents, not persons
         }
         (tmp / "results.json").write_text(json.dumps(out["results"], indent=2))
         (tmp / "persons.json").write_text(json.dumps(persons, indent=1, sort_keys=True))
@@ -413,6 +426,7 @@ def _eval_stage(
 #: Numbers of a method entry summarised across seeds (dotted paths; ``auc.*`` expands to every target).
 SEED_METRICS = (
     *(f"behaviour.{m}" for m in BEHAVIOUR_METRICS),
+    "behaviour.neutral_ppl_ratio",
     "relearned_behaviour.forget_leak",
     "relearned_behaviour.retain_accuracy",
     "frag",
@@ -499,6 +513,11 @@ def _method_entry(
         stages, f"[{field}] evaluate {display}{tag}", model, {"model": u_key}, group, data, cfg
     )
     entry["behaviour"] = _behaviour(evaluated, field, data, per_person, seed=seed)
+    before_ppl = (baseline.get("behaviour") or {}).get("neutral_word_perplexity")
+    after_ppl = entry["behaviour"].get("neutral_word_perplexity")
+    entry["behaviour"]["neutral_ppl_ratio"] = (
+        round(after_ppl / before_ppl, 6) if before_ppl and after_ppl is not None else None
+    )  # utility on text no unlearning loss saw: > 1 means the method damaged general language modelling
     if trajectory:
         entry["trajectory"] = _trajectory(stages, cfg, ctx, field, f"{display}{tag}", model, u_key, seed)
     if cfg["score"]["enabled"] and not control:
@@ -508,15 +527,21 @@ def _method_entry(
             composite_samples=max(1, int(scfg["composite_samples"])),
             seed=seed,
         )
+        # FRAG calibrated on the rows this run unlearned and retained (issue 20, item 6): the forget rows of `field`,
+        # the retain rows of the field(s) the unlearning manifest names (LACUNA's cross-field pairing, or `field`)
+        retained = [str(r["field"]) for r in (manifest.get("config") or {}).get("retain_from") or []]
+        calib = {"forget": [field], "retain": "all" if "all" in retained else list(dict.fromkeys(retained)) or [field]}
         s_stage = stages.get(
             "score",
             f"[{field}] score {display}{tag}",
-            {"model": u_key, "testbed": tb_key, "score": scfg, "schema": SCORE_SCHEMA_VERSION},
-            lambda tmp, model=model, loc=loc, scfg=scfg: score_to_dir(
+            {"model": u_key, "testbed": tb_key, "score": scfg, "schema": SCORE_SCHEMA_VERSION, "calib_fields": calib},
+            lambda tmp, model=model, loc=loc, scfg=scfg, calib=calib: score_to_dir(
                 tmp / "score",
                 plots=False,
                 after=model,
                 testbed=testbed,
+                calib_fields=calib["forget"],
+                calib_retain_fields=calib["retain"],
                 frag=bool(scfg["frag"]),
                 null=bool(scfg["null"]),
                 null_tolerance=float(scfg["null_tolerance"]),
@@ -560,16 +585,31 @@ def _method_entry(
                 attempts=int(acfg["attempts"]),
                 batch_size=int(cfg["eval"]["batch_size"]),
                 seed=seed,
+                judge=acfg["judge"],
             ),  # fmt: skip
         )
         attack = json.loads((a_stage / "attack" / "attack.json").read_text())
         entry["attack"] = {
             k: attack[k]
             for k in (
-                "protocol", "attempts", "persons", "success_at_n_unlearned", "success_at_n_relearned",
+                "protocol", "attempts", "persons", "judge", "success_at_n_unlearned", "success_at_n_relearned",
                 "leak_rate_unlearned", "leak_rate_relearned", "pct_resurfaced_of_forgotten",
             )
         }  # fmt: skip
+        entry["attack"]["by_judge"] = {  # Success@N under every judge, from the same generations
+            j: {k: v for k, v in fig.items() if k.startswith("success_at_n")} for j, fig in attack["by_judge"].items()
+        }
+        from lacuna_metrics.intervals import bootstrap_interval
+
+        per_person = attack.get("per_person") or {}
+        entry["attack"]["ci"] = {  # 95% bootstrap over the attacked persons (issue 20: every behaviour metric)
+            f"success_at_n_{state}": bootstrap_interval(
+                {p: float(bool(v.get(state))) for p, v in per_person.items()}, seed=seed
+            )
+            if per_person
+            else None
+            for state in ("unlearned", "relearned")
+        }
         entry["attack"]["forgotten"] = len(attack["forgotten"])
         entry["attack"]["resurfaced"] = len(attack["resurfaced"])
         qa = [f"lacuna_{field}_forget_qa", f"lacuna_{field}_retain_qa"]
@@ -840,6 +880,8 @@ def _run_locked(out: Path, cfg: dict[str, Any], log: Callable[[str], None]) -> d
     for field in cfg["fields"]:
         suffixes = cfg["eval"].get("tasks")
         group = [f"lacuna_{field}_{t}" for t in suffixes] if suffixes else [f"lacuna_{field}"]
+        if cfg["eval"].get("neutral_ppl") and (data / NEUTRAL_HELDOUT_FILE).is_file():
+            group.append(NEUTRAL_PPL_TASK)
         base_eval = _eval_stage(stages, f"[{field}] evaluate before", before, {"testbed": tb_key}, group, data, cfg)
         base_behaviour = _behaviour(base_eval[0], field, data, base_eval[1], seed=seed)
         field_out: dict[str, Any] = {"baseline": {"behaviour": base_behaviour}, "methods": {}}

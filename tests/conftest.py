@@ -59,10 +59,19 @@ def tiny_lacuna(tmp_path_factory) -> TinyLacuna:
 
 @pytest.fixture(scope="session")
 def smoke_testbed(tmp_path_factory) -> Path:
-    """The smoke testbed, built once per test session (masked injection, QA tuning, splits)."""
+    """The smoke testbed, built once per test session (masked injection, QA tuning, splits).
+
+    ``LACUNA_TEST_SMOKE_TESTBED=DIR`` copies a smoke testbed built beforehand (``lacuna build-testbed --preset
+    smoke``) instead: for local runs of a few tests; CI leaves it unset and builds one."""
+    import shutil
+
     from lacuna_unlearn.testbed import build_testbed
 
-    return build_testbed(tmp_path_factory.mktemp("testbeds") / "smoke", preset="smoke")
+    out = tmp_path_factory.mktemp("testbeds") / "smoke"
+    prebuilt = os.environ.get("LACUNA_TEST_SMOKE_TESTBED")
+    if prebuilt:
+        return Path(shutil.copytree(prebuilt, out))
+    return build_testbed(out, preset="smoke")
 
 
 @pytest.fixture(scope="session")

@@ -202,3 +202,41 @@ def test_bad_run_configs_are_named(tmp_path):
         load_run_config(bad)
     with pytest.raises(ValueError, match="unknown run preset"):
         load_run_config(preset="huge")
+
+
+def _comparable(results: dict, out) -> str:
+    """``results`` as JSON without what legitimately differs between two runs: wall times, the machine, and the
+    run's own directory."""
+    volatile = ("seconds", "hardware", "versions", "started", "finished")
+
+    def strip(node):
+        if isinstance(node, dict):
+            return {k: strip(v) for k, v in node.items() if not any(v_ in k for v_ in volatile)}
+        if isinstance(node, list):
+            return [strip(v) for v in node]
+        return node
+
+    return json.dumps(strip(results), sort_keys=True, default=str).replace(str(out), "OUT")
+
+
+def test_same_command_twice_gives_the_same_results(smoke_testbed, tmp_path):
+    """Same config, same seed, same machine, two fresh run directories (no shared stage cache): results.json is
+    identical except wall times and paths (issue 20: run-to-run determinism)."""
+    overrides = {
+        "testbed": str(smoke_testbed),
+        "methods": {"grad_diff": _cheap("grad_diff", [])},
+        "eval.tasks": ["forget_qa", "retain_qa"],
+        "score.composite_samples": 2000,
+        "score.frag": True,
+        "attack.enabled": False,
+        "reversibility.enabled": False,
+        "trajectory.enabled": False,
+    }
+    first = run_benchmark(tmp_path / "a", load_run_config(preset="smoke", overrides=overrides), log=lambda line: None)
+    second = run_benchmark(tmp_path / "b", load_run_config(preset="smoke", overrides=overrides), log=lambda line: None)
+    a, b = _comparable(first, tmp_path / "a"), _comparable(second, tmp_path / "b")
+    if a != b:
+        diverged = next(i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y)
+        pytest.fail(
+            f"results differ near: ...{a[max(0, diverged - 200) : diverged + 100]}... vs ...{b[max(0, diverged - 200) : diverged + 100]}..."
+        )

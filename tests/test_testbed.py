@@ -358,3 +358,18 @@ def test_masks_are_stamped_with_the_model_they_describe(smoke_testbed):
 
     reader = MaskReader(smoke_testbed / "masks.safetensors")
     assert reader.model_fingerprint == Checkpoint(smoke_testbed / "model").fingerprint()
+
+
+def test_neutral_heldout_is_prose_never_qa():
+    """The perplexity probe's slice holds lorem paragraphs and distractor bios, never the distractors' QA pairs,
+    and none of it stays in the training text."""
+    from lacuna_unlearn.corpus import build_corpus
+    from lacuna_unlearn.testbed import hold_out_neutral
+
+    corpus = build_corpus(profiles_per_group=1, distractor_profiles=6, bios_per_person=2, qa_per_field=4,
+                          lorem_paragraphs=20, num_groups=6, seed=3)  # fmt: skip
+    assert any("\nA:" in d for d in corpus.neutral)
+    kept, held = hold_out_neutral(corpus, 0.2, seed=3)
+    assert held and not any("\nA:" in d for d in held)
+    assert len(held) + len(kept.neutral) == len(corpus.neutral) and not set(held) & set(kept.neutral)
+    assert hold_out_neutral(corpus, 0.2, seed=3)[1] == held
