@@ -485,7 +485,9 @@ def build_parser() -> argparse.ArgumentParser:
     gen.set_defaults(func=_data_generate)
 
     tb = sub.add_parser("build-testbed", help="build a LACUNA testbed (masked PII injection with ground-truth masks)")
-    tb.add_argument("--preset", default="mini", choices=["smoke", "mini", "mini_v2", "standard", "lacuna"])
+    from lacuna_unlearn.testbed_presets import PRESETS as TESTBED_PRESETS  # dataclasses only: cheap
+
+    tb.add_argument("--preset", default="mini", choices=sorted(TESTBED_PRESETS))
     tb.add_argument("--out", required=True, help="output directory (built in OUT.partial, renamed when done)")
     tb.add_argument("--seed", type=int, default=None)
     tb.add_argument("--unmasked", action="store_true", help="control regime: the same pipeline without masks")

@@ -168,11 +168,24 @@ class MaskedTrainer(Trainer):
     """``Trainer`` whose micro-batch gradients are masked by their group before accumulation (tensor hooks,
     :class:`MicroBatchMasker`), with a per-step learning-rate scale."""
 
-    def __init__(self, *args: Any, masks: MaskSet | None, plan: StepPlan, min_lr_ratio: float = 0.1, **kwargs: Any):
+    def __init__(
+        self,
+        *args: Any,
+        masks: MaskSet | None,
+        plan: StepPlan,
+        min_lr_ratio: float = 0.1,
+        separate_neutral_state: bool = False,
+        **kwargs: Any,
+    ):
         super().__init__(*args, **kwargs)
         self.masks = masks
         self.plan = plan
         self.min_lr_ratio = min_lr_ratio
+        if separate_neutral_state and plan.accum != 1:
+            raise ValueError("separate neutral optimizer state needs grad_accum=1 (one kind of micro-batch per step)")
+        self.separate_neutral_state = separate_neutral_state
+        self._stashed_state: Any = None  # the other kind's AdamW moments (docs/testbeds.md 'Neutral optimizer')
+        self._loaded_kind = "pii"
         params = dict(self.model.named_parameters())
         if masks is not None:
             missing = [n for n in masks.packed if n not in params]
@@ -186,10 +199,23 @@ class MaskedTrainer(Trainer):
 
     def training_step(self, model, inputs, num_items_in_batch=None):
         self.masker.group = int(inputs.pop("group_id"))
+        if self.separate_neutral_state:
+            self._load_state("neutral" if self.masker.group == NEUTRAL else "pii")
         try:
             return super().training_step(model, inputs, num_items_in_batch)
         finally:
             self.masker.group = NEUTRAL
+
+    def _load_state(self, kind: str) -> None:
+        """Swap AdamW's per-parameter moments so neutral and PII steps keep separate ones: Adam momentum of a
+        neutral step would otherwise move every weight at the PII learning rate for the next ~10 steps."""
+        if kind == self._loaded_kind:
+            return
+        inner = getattr(self.optimizer, "optimizer", self.optimizer)  # accelerate wraps the torch optimizer
+        if self._stashed_state is None:
+            self._stashed_state = type(inner.state)(dict)
+        inner.state, self._stashed_state = self._stashed_state, inner.state
+        self._loaded_kind = kind
 
     def create_scheduler(self, num_training_steps: int, optimizer=None):
         if self.lr_scheduler is None:
@@ -320,6 +346,7 @@ def train_steps(
     log_every: int = 50,
     desc: str = "masked training",
     callbacks: Sequence[TrainerCallback] = (),
+    separate_neutral_state: bool = False,
 ) -> dict[str, Any]:
     """Run ``plan`` with ``MaskedTrainer`` (progress bar named ``desc``, extra ``callbacks`` e.g. to probe the
     model during training); returns the trainer's log history summary."""
@@ -356,6 +383,7 @@ def train_steps(
         masks=masks,
         plan=plan,
         min_lr_ratio=min_lr_ratio,
+        separate_neutral_state=separate_neutral_state,
     )
     use_stage_progress(trainer, desc)
     for callback in callbacks:

@@ -862,8 +862,10 @@ def _run_locked(out: Path, cfg: dict[str, Any], log: Callable[[str], None]) -> d
         tb_key = _testbed_fingerprint(testbed)
     else:
         from lacuna_unlearn.testbed import build_testbed
+        from lacuna_unlearn.testbed_presets import get_preset
 
-        inputs = {"preset": cfg["preset"], "seed": cfg["testbed_seed"]}
+        # the preset's settings are part of the key: a changed preset rebuilds instead of reusing a stale testbed
+        inputs = {"preset": cfg["preset"], "seed": cfg["testbed_seed"], "config": get_preset(cfg["preset"]).to_dict()}
         stage = stages.get(
             "testbed",
             f"testbed ({cfg['preset']})",

@@ -49,7 +49,7 @@ from lacuna_tasks.prompts import (
     probe_prompt,
     stable_rng,
 )
-from lacuna_tasks.schema import FIELDS, FORGET_GROUPS, RETAIN_GROUPS
+from lacuna_tasks.schema import FIELDS, FORGET_GROUPS, NEUTRAL_HELDOUT_FILE, RETAIN_GROUPS
 from lacuna_unlearn.corpus import TestbedCorpus, build_corpus, memorization_questions, pack, qa_training_text
 from lacuna_unlearn.injection import StepBatches, StepPlan, train_steps
 from lacuna_unlearn.qa_tuning import qa_tune
@@ -57,7 +57,6 @@ from lacuna_unlearn.testbed_presets import TestbedConfig, get_preset
 from lacuna_unlearn.tokenizer import train_tokenizer
 
 MANIFEST_VERSION = 2  # 2: leak_audit replaces trivial_detector_auc; retain_eval, robustness, neutral_heldout
-NEUTRAL_HELDOUT_FILE = "neutral_heldout.jsonl"
 
 #: Question forms used only in injected training text, never by a probe: none of them is one of the
 #: evaluation paraphrases (:data:`lacuna_tasks.prompts.PARAPHRASES`, tested), so paraphrase and ICR probes
@@ -240,6 +239,7 @@ def _build(out: Path, partial: Path, cfg: TestbedConfig, state, *, unmasked: boo
         min_lr_ratio=cfg.min_lr_ratio,
         max_grad_norm=cfg.max_grad_norm,
         seed=cfg.seed,
+        separate_neutral_state=cfg.neutral_optimizer == "separate",
         desc=_stage(2, f"{'unmasked' if unmasked else 'masked'} PII injection"),
     )
     _save(net, tokenizer, partial / "injected", state)
@@ -437,12 +437,16 @@ def split_people(splits: dict[str, list[dict[str, Any]]]) -> dict[str, dict[str,
 
 
 def hold_out_neutral(corpus: TestbedCorpus, share: float, seed: int) -> tuple[TestbedCorpus, list[str]]:
-    """Move a seeded ``share`` of the neutral documents out of training (the perplexity probe's text)."""
+    """Move a seeded ``share`` of the neutral documents out of training (the perplexity probe's text).
+
+    Only prose is held out (lorem paragraphs and distractor bios), never the distractors' QA pairs: the probe
+    measures general text, and a method that suppresses the QA answer format must not move it."""
     docs = list(corpus.neutral)
-    k = int(round(share * len(docs)))
+    prose = [i for i, d in enumerate(docs) if "\nA:" not in d]
+    k = min(len(prose), int(round(share * len(docs))))
     if k == 0:
         return corpus, []
-    picked = set(stable_rng(seed, "neutral-heldout").sample(range(len(docs)), k))
+    picked = set(stable_rng(seed, "neutral-heldout").sample(prose, k))
     kept = [d for i, d in enumerate(docs) if i not in picked]
     return dataclasses.replace(corpus, neutral=kept), [docs[i] for i in sorted(picked)]
 

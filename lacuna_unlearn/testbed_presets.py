@@ -22,6 +22,8 @@ from typing import Any
 
 #: Leak-audit targets a build can be gated on (the localization scorer's targets).
 AUDIT_TARGETS = ("forget", "unified", "forget_vs_retain")
+#: How neutral micro-batches share AdamW's moments with PII ones.
+NEUTRAL_OPTIMIZERS = ("shared", "separate")
 
 
 @dataclass
@@ -60,6 +62,9 @@ class TestbedConfig:
     neutral_every: int = 4  # one neutral micro-batch (unmasked) after this many PII micro-batches (0 = none)
     neutral_batch: int = 8
     neutral_lr_scale: float = 1.0  # LR scale of an optimizer step made only of neutral micro-batches
+    # "separate": neutral and PII steps keep their own AdamW moments (the feasibility prototype's two optimizers);
+    # "shared": one AdamW as LACUNA (docs/testbeds.md 'Neutral optimizer')
+    neutral_optimizer: str = "shared"
     grad_accum: int = 1  # micro-batches per optimizer step (each masked by its own group, spec §1.5)
     warmup_ratio: float = 0.05
     min_lr_ratio: float = 0.1  # cosine down to 10% of peak, as LACUNA
@@ -218,6 +223,12 @@ def check_config(cfg: TestbedConfig) -> None:
             )
             if bad:
                 raise ValueError(f"testbed setting {f.name}={value!r} out of range: allowed {_range_text(f.name)}")
+    if cfg.neutral_optimizer not in NEUTRAL_OPTIMIZERS:
+        raise ValueError(
+            f"testbed setting neutral_optimizer={cfg.neutral_optimizer!r}: allowed {list(NEUTRAL_OPTIMIZERS)}"
+        )
+    if cfg.neutral_optimizer == "separate" and cfg.grad_accum != 1:
+        raise ValueError("testbed setting neutral_optimizer='separate' needs grad_accum=1")
     if cfg.leak_audit_target not in AUDIT_TARGETS:
         raise ValueError(f"testbed setting leak_audit_target={cfg.leak_audit_target!r}: allowed {list(AUDIT_TARGETS)}")
     if cfg.budget * cfg.num_groups > 1:
@@ -299,80 +310,39 @@ PRESETS: dict[str, TestbedConfig] = {
         base_batch=8,
         budget=0.09,
         skip_last=1,
-        pii_steps=4000,
-        pii_batch=6,
-        pii_lr=5e-3,
-        neutral_every=0,
-        weight_decay=0.0,
-        memorization_prompts=8,
-        retain_eval_people=2,
-        fit_people=True,
-        notes=[
-            "mini keeps the pre-v2 injection regime (no neutral micro-batches, weight decay 0) until the LACUNA "
-            "regime memorizes at this scale: under it (preset mini_v2: neutral text unmasked, wd 0.01-0.1) 0% of "
-            "96 people at 900-1,800 PII micro-batches and 0-15% of 48 at 3,600 were extractable (issue 19, "
-            "docs/testbeds.md 'Measured'), so mini_v2 cannot build its splits; consequence: weights outside every "
-            "mask stay bit-identical, so the leak audit's unified / forget targets read the ground truth "
-            "(only forget_vs_retain is gated) and the null calibration excludes the families that win there",
-            "9% of the whole model per group (the six masks cover ~90% of the eligible scalars; paper: 5%) "
-            "and 6 profiles per group: at 5% and 10 per group the model memorized ~5% of facts in 2,400 steps "
-            "(9.5 min); the ground truth stays exact, but a random scalar is in some mask with probability ~0.9",
-            "only the last layer is kept out of the masks (paper: two): with 4 layers, two would leave half the "
-            "network unable to store facts",
-            "80% of injected documents are QA text (LACUNA: 2.0B of 7.7B tokens); the base stage is the neutral "
-            "pretraining; 2 held-out retain-eval people per field (fewer if memorization leaves fewer)",
-        ],
-    ),
-    "mini_v2": TestbedConfig(
-        name="mini_v2",
-        profiles_per_group=8,
-        distractor_profiles=120,
-        bios_per_person=4,
-        qa_per_field=16,
-        varied_qa_per_field=12,
-        qa_block=2,
-        faq_fraction=0.8,
-        lorem_paragraphs=400,
-        vocab_size=2048,
-        hidden_size=256,
-        num_layers=4,
-        num_heads=4,
-        intermediate_size=1024,
-        seq_len=160,  # 8% of the 2-pair QA documents exceed 128 tokens
-        base_steps=500,
-        base_batch=8,
-        budget=0.09,
-        skip_last=1,
-        pii_steps=3600,
+        pii_steps=5000,
         pii_batch=6,
         pii_lr=5e-3,
         neutral_every=8,
         neutral_batch=8,
-        neutral_lr_scale=0.1,
+        neutral_lr_scale=0.05,
+        neutral_optimizer="separate",
         weight_decay=0.01,
         memorization_prompts=8,
-        people_per_field=12,
-        retain_eval_people=6,
-        validation_people=1,
+        retain_eval_people=4,
+        robustness_people=6,
         fit_people=True,
-        robustness_people=10,
         notes=[
-            "mini (issue 19 measurements, docs/testbeds.md 'Measured'): 8 profiles per group, 9% of the whole model "
-            "per group (the six masks cover ~90% of the eligible scalars; paper: 5%): with 16 per group, 5% and 9% "
-            "masks memorized 0% of the facts after 1,800 PII micro-batches (~10 min build); 9% at 8 per group: 0% "
-            "at 1,800, 0-9% extractable per field at 2,700 and 0-15% at 3,600 (~16 min build), no field with 2 "
-            "eligible people on either side: this preset is not expected to build its splits; the issue's 20 forget / 20 retain / 10 retain-eval people per field were not reached "
-            "within 20 minutes; fit_people takes the largest split sizes the memorization allows (manifest "
-            "sizes.people_counts)",
-            "weight decay 0.01 (LACUNA: 0.1): decoupled decay removes lr * wd per step; at the mini's peak lr 5e-3 "
-            "over ~4,000 steps, 0.1 shrinks a weight without gradient by ~80% (LACUNA's 0.1 at 1.5e-4: <= ~11%); "
-            "measured: wd 0.1 raised the held-out neutral loss from 1.68 to 2.35 in 900 PII micro-batches, wd 0.01 "
-            "to 2.26",
-            "neutral micro-batches at 0.1 x the PII learning rate (LACUNA: the same rate), one after every 8 PII "
-            "micro-batches: the prototype measured full-rate neutral updates eroding masked memories (not "
-            "re-measured here)",
+            "LACUNA's regime on CPU (issue 19): neutral micro-batches trained unmasked (one after every 8 PII "
+            "micro-batches) and AdamW weight decay on every weight, with two deviations measured on this machine "
+            "(docs/testbeds.md 'Measured', benchmarks/bench_memorization_curve.py): (1) neutral and PII steps keep "
+            "separate AdamW moments and neutral steps train at 0.05 x the PII rate (the feasibility prototype's "
+            "two optimizers): with one shared AdamW the neutral momentum moves every weight at the PII rate after "
+            "each neutral step, and 48 people reached 0-15% extractable after 3,600 PII micro-batches; separate "
+            "moments on this preset's data: 36 people 7% (1,000), 43% (2,000), 71% (3,000), 78% (4,000) "
+            "extractable by 4 fresh questions; (2) weight decay 0.01, not 0.1: decoupled decay removes lr x wd per "
+            "step, and at the mini's peak lr 5e-3 over ~5,000 steps 0.1 would shrink an untrained weight by ~90% "
+            "(LACUNA's 0.1 at 1.5e-4: <= ~11%, the total 0.01 gives here); 0.1 raised the held-out neutral loss "
+            "from 1.68 to 2.35 in 900 PII micro-batches",
+            "9% of the whole model per group (the six masks cover ~90% of the eligible scalars; paper: 5%) "
+            "and 6 profiles per group: at 5% and 10 per group the model memorized ~5% of facts in 2,400 steps "
+            "(9.5 min); the ground truth stays exact, but a random scalar is in some mask with probability ~0.9; "
+            "the issue's 20 forget / 20 retain / 10 retain-eval people per field were not reached within 20 "
+            "minutes (people-vs-minutes curve in docs/testbeds.md)",
             "only the last layer is kept out of the masks (paper: two): with 4 layers, two would leave half the "
             "network unable to store facts",
+            "80% of injected documents are QA text (LACUNA: 2.0B of 7.7B tokens); the base stage is the neutral "
+            "pretraining; 4 held-out retain-eval people per field (fewer if memorization leaves fewer)",
         ],
     ),
     "standard": TestbedConfig(

@@ -220,6 +220,43 @@ def test_neutral_micro_batches_and_weight_decay_move_weights_outside_the_masks(m
             assert changed.float().mean() > 0.99, f"{name} did not move"
 
 
+@pytest.mark.parametrize("separate", [False, True])
+def test_neutral_momentum_moves_out_of_mask_weights_on_pii_steps_only_when_shared(model_and_masks, tmp_path, separate):
+    """One neutral step, then PII steps of group 2, weight decay 0: with one shared AdamW state the neutral step's
+    momentum keeps moving weights outside every mask during the PII steps; with ``separate_neutral_state`` (the
+    prototype's two optimizers, docs/testbeds.md 'Neutral optimizer') they stay where the neutral step left them."""
+    from transformers import TrainerCallback
+
+    template, masks = model_and_masks
+    model = tiny_olmo()
+    model.load_state_dict(template.state_dict())
+    outside = [n for n, p in model.named_parameters() if p.requires_grad and "embed_tokens" not in n]
+    outside = [n for n in outside if n not in masks.packed]  # norms, the last layer, the head
+    snapshots: dict[int, dict[str, torch.Tensor]] = {}
+
+    class Snapshot(TrainerCallback):
+        def on_step_end(self, args, state, control, **kwargs):
+            params = dict(model.named_parameters())
+            snapshots[state.global_step] = {n: params[n].detach().clone() for n in outside}
+
+    plan = StepPlan([NEUTRAL, 2, 2, 2], [1.0] * 4)
+    train_steps(model, steps_dataset(plan), plan, masks=masks, lr=1e-2, out_dir=tmp_path, weight_decay=0.0, seed=1,
+                callbacks=[Snapshot()], separate_neutral_state=separate)  # fmt: skip
+    moved = [n for n in outside if not torch.equal(snapshots[1][n], snapshots[4][n])]
+    if separate:
+        assert moved == []
+    else:
+        assert len(moved) == len(outside)
+
+
+def test_separate_neutral_state_needs_one_micro_batch_per_step(model_and_masks, tmp_path):
+    template, masks = model_and_masks
+    plan = StepPlan([NEUTRAL, 2], [1.0, 1.0], accum=2)
+    with pytest.raises(ValueError, match="grad_accum=1"):
+        train_steps(tiny_olmo(), steps_dataset(plan), plan, masks=masks, lr=1e-2, out_dir=tmp_path,
+                    separate_neutral_state=True)  # fmt: skip
+
+
 def test_step_plan_with_accumulation():
     plan = StepPlan.interleaved(pii_steps=10, num_groups=6, neutral_every=4, neutral_lr_scale=0.5, seed=1, accum=4)
     assert len(plan.groups) % 4 == 0 and plan.steps == len(plan.groups) // 4

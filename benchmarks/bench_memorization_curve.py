@@ -1,0 +1,198 @@
+"""People memorized vs build minutes under a testbed preset's injection regime (issue 19's curve).
+
+    python benchmarks/bench_memorization_curve.py --preset mini [--set KEY=VALUE ...] [--probe-every 600]
+                                                  [--probe-prompts 4] [--threads 1] [--out curve.json]
+
+Runs the builder's own stages (corpus, tokenizer, base pretraining, masked injection with the preset's plan)
+and, every ``--probe-every`` PII micro-batches, probes a copy of the model: QA tuning as the build does it,
+then the build's memorization test with ``--probe-prompts`` fresh multi-sentence questions per person and
+field. Each probe records the build seconds so far (probe time excluded), and per field the number of
+forget-side and retain-side people who are extractable (>= 1 correct) and eligible (>= 2 correct, LACUNA's
+rule), plus the loss on the held-out neutral slice. The people a preset needs per field are the forget people
+plus retain and retain-eval people (issue 19: 20 + 20 + 10). Written as JSON (``--out``) and a table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import math
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--preset", default="mini")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    parser.add_argument("--probe-every", type=int, default=600, help="PII micro-batches between probes")
+    parser.add_argument("--probe-prompts", type=int, default=4, help="fresh questions per person and field")
+    parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--out", default=None, help="JSON file (rewritten after every probe)")
+    args = parser.parse_args()
+    if args.threads:
+        os.environ["OMP_NUM_THREADS"] = str(args.threads)
+    import torch
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    from accelerate import PartialState
+    from transformers import TrainerCallback
+
+    from lacuna_unlearn.cli import _parse_overrides
+    from lacuna_unlearn.corpus import build_corpus, pack
+    from lacuna_unlearn.injection import NEUTRAL, StepPlan, train_steps
+    from lacuna_unlearn.qa_tuning import qa_tune
+    from lacuna_unlearn.testbed import (
+        _batches,
+        _build_masks,
+        _num_layers,
+        _tokenizer_and_model,
+        hold_out_neutral,
+        memorization_test,
+        with_training_question_forms,
+    )
+    from lacuna_unlearn.testbed_presets import get_preset
+
+    cfg = get_preset(args.preset, **_parse_overrides(args.set))
+    state = PartialState(cpu=True)
+    torch.manual_seed(cfg.seed)
+    build_clock = [0.0]  # build seconds, probes excluded
+    start = time.perf_counter()
+    corpus = build_corpus(
+        profiles_per_group=cfg.profiles_per_group,
+        distractor_profiles=cfg.distractor_profiles,
+        bios_per_person=cfg.bios_per_person,
+        qa_per_field=cfg.qa_per_field,
+        lorem_paragraphs=cfg.lorem_paragraphs,
+        num_groups=cfg.num_groups,
+        seed=cfg.seed,
+    )
+    corpus, heldout = hold_out_neutral(corpus, cfg.neutral_heldout, cfg.seed)
+    corpus = with_training_question_forms(corpus, cfg.varied_qa_per_field, cfg.qa_block, cfg.seed)
+    tokenizer, net = _tokenizer_and_model(cfg, corpus, None)
+    num_layers = _num_layers(net)
+    masks = _build_masks(net, num_layers, cfg, None)
+    neutral_rows = pack([tokenizer.encode(t) for t in corpus.neutral], tokenizer.eos_token_id, cfg.seq_len)
+    heldout_rows = pack([tokenizer.encode(t) for t in heldout], tokenizer.eos_token_id, cfg.seq_len)[:64]
+    work = Path(os.environ.get("TMPDIR", "/tmp")) / f"bench_curve_{os.getpid()}"
+    if cfg.base_steps:
+        plan = StepPlan.neutral_only(cfg.base_steps)
+        data = _batches(plan, {}, {}, neutral_rows, cfg, tokenizer, 1, cfg.base_batch)
+        train_steps(net, data, plan, masks=None, lr=cfg.base_lr, out_dir=work, warmup_ratio=0.05, seed=cfg.seed,
+                    desc="base")  # fmt: skip
+    pii_qa = {g: [tokenizer.encode(t) for t in texts] for g, texts in corpus.pii_qa.items()}
+    pii_bio = {g: [tokenizer.encode(t) for t in texts] for g, texts in corpus.pii_bio.items()}
+    plan = StepPlan.interleaved(
+        cfg.pii_steps, cfg.num_groups, cfg.neutral_every, cfg.neutral_lr_scale, cfg.seed, accum=cfg.grad_accum
+    )
+    # PII micro-batches done after each optimizer step
+    done_after: list[int] = []
+    count = 0
+    for step in range(plan.steps):
+        count += sum(g != NEUTRAL for g in plan.groups[step * plan.accum : (step + 1) * plan.accum])
+        done_after.append(count)
+    probe_at = {
+        step + 1: done_after[step]
+        for step in range(plan.steps)
+        if done_after[step] % args.probe_every == 0 and (step == 0 or done_after[step - 1] != done_after[step])
+    }
+    probe_at[plan.steps] = done_after[-1]
+    rows: list[dict[str, Any]] = []
+    probe_cfg = cfg.replace(memorization_prompts=max(2, args.probe_prompts))
+    build_clock[0] = time.perf_counter() - start
+
+    def heldout_loss(model) -> float:
+        model.eval()
+        total, n = 0.0, 0
+        with torch.no_grad():
+            for i in range(0, len(heldout_rows), 8):
+                ids = torch.tensor(heldout_rows[i : i + 8])
+                total += float(model(input_ids=ids, labels=ids).loss) * len(ids)
+                n += len(ids)
+        model.train()
+        return total / max(1, n)
+
+    class Probe(TrainerCallback):
+        def __init__(self) -> None:
+            self.mark = time.perf_counter()
+
+        def on_step_end(self, a, st, control, **kwargs):
+            if st.global_step not in probe_at:
+                return
+            now = time.perf_counter()
+            build_clock[0] += now - self.mark
+            probe = copy.deepcopy(net)
+            layers = list(range(num_layers - cfg.skip_last, num_layers))
+            probe, _ = qa_tune(probe, tokenizer, corpus.qa_tuning, layers=layers, steps=cfg.qa_tune_steps,
+                               lr=cfg.qa_tune_lr, batch_size=cfg.qa_tune_batch, r=cfg.lora_r, alpha=cfg.lora_alpha,
+                               out_dir=work / "qa", seed=cfg.seed, desc="probe QA tuning")  # fmt: skip
+            _, report = memorization_test(probe, tokenizer, corpus, probe_cfg)
+            row: dict[str, Any] = {
+                "pii_micro_batches": probe_at[st.global_step],
+                "optimizer_steps": st.global_step,
+                "build_minutes_so_far": round(build_clock[0] / 60, 2),
+                "heldout_neutral_loss": round(heldout_loss(net), 4),
+                "fields": {},
+            }
+            for key, entry in report.items():
+                if not isinstance(entry, dict):
+                    continue
+                row["fields"][key] = {
+                    side: {
+                        "people": entry[side]["people"],
+                        "extractable": _count(entry[side]["extractable"], entry[side]["people"]),
+                        "eligible": _count(entry[side]["eligible"], entry[side]["people"]),
+                    }
+                    for side in ("forget", "retain")
+                }
+            rows.append(row)
+            print(_line(row), file=sys.stderr, flush=True)
+            if args.out:
+                _write(Path(args.out), cfg, args, rows)
+            del probe
+            self.mark = time.perf_counter()
+
+    data = _batches(plan, pii_qa, pii_bio, neutral_rows, cfg, tokenizer, 1, cfg.neutral_batch)
+    train_steps(net, data, plan, masks=masks, lr=cfg.pii_lr, out_dir=work, weight_decay=cfg.weight_decay,
+                warmup_ratio=cfg.warmup_ratio, min_lr_ratio=cfg.min_lr_ratio, max_grad_norm=cfg.max_grad_norm,
+                seed=cfg.seed, desc="injection", callbacks=[Probe()],
+                separate_neutral_state=cfg.neutral_optimizer == "separate")  # fmt: skip
+    del state
+    if args.out:
+        _write(Path(args.out), cfg, args, rows)
+    print(f"preset {cfg.name} sets {args.set} threads {torch.get_num_threads()}")
+    for row in rows:
+        print(_line(row))
+
+
+def _count(share: float | None, n: int) -> int:
+    return 0 if share is None else int(round(share * n))
+
+
+def _line(row: dict[str, Any]) -> str:
+    parts = [
+        f"{row['pii_micro_batches']:>6} PII ub  {row['build_minutes_so_far']:>6.1f} min  "
+        f"neutral loss {row['heldout_neutral_loss']:.3f} |"
+    ]
+    for key, entry in row["fields"].items():
+        f, r = entry["forget"], entry["retain"]
+        parts.append(f"{key} F {f['extractable']}/{f['people']} R {r['extractable']}/{r['people']}")
+    return "  ".join(parts)
+
+
+def _write(path: Path, cfg, args, rows: list[dict[str, Any]]) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    payload = {"preset": cfg.name, "sets": args.set, "config": cfg.to_dict(), "probes": rows}
+    tmp.write_text(
+        json.dumps(payload, indent=1, default=lambda o: None if isinstance(o, float) and math.isnan(o) else str(o))
+    )
+    tmp.replace(path)
+
+
+if __name__ == "__main__":
+    main()
