@@ -628,9 +628,9 @@ def robustness_test(
 ) -> dict[str, Any]:
     """How robustly the split people's facts are known before unlearning, with the lm-eval probes' prompts.
 
-    Per split and field, for up to ``robustness_people`` people: the 16 paraphrase probes (the split's
-    question + the 15 evaluation paraphrases, none of which is in the injected text) and the same 16 after 3
-    retain QA pairs of other people (ICR). Reports ``j_p`` / ``j_icr`` (share of people answering under at
+    Per split and field, for up to ``robustness_people`` people: the 15 evaluation paraphrases (none of which is
+    in the injected text; the split's own question is left out, it is a trained template) and the same 15 after
+    3 retain QA pairs of other people (ICR). Reports ``j_p`` / ``j_icr`` (share of people answering under at
     least one probe: JensUn's worst case, the forget side's bar) and ``paraphrase_accuracy`` /
     ``icr_accuracy`` (share of correct probes: the retain side's ``j_avg``).
     """
@@ -642,8 +642,10 @@ def robustness_test(
             pool = [r for r in splits.get("retain", ()) if r["field"] == fld.column]
             for row in rows[: cfg.robustness_people]:
                 person = profiles[row["ID"]]
-                questions = [row["question"], *paraphrases(key, full_name(person), possessive(person.get("Gender")))]
-                for variant, question in enumerate(questions):
+                # the 15 evaluation paraphrases only: the split's own question is a LACUNA template the model was
+                # trained on, and would make J_P the plain extractability (variant numbers as the lm-eval tasks')
+                questions = paraphrases(key, full_name(person), possessive(person.get("Gender")))
+                for variant, question in enumerate(questions, start=1):
                     items.append((split, key, row["ID"], "paraphrase", probe_prompt(question), row["answer"]))
                     if len(pool) > 3:
                         examples = pick_icr_examples(pool, row["ID"], key, variant, 3)
@@ -655,7 +657,11 @@ def robustness_test(
     per: dict[tuple[str, str, str], dict[str, list[bool]]] = defaultdict(lambda: defaultdict(list))
     for (split, key, pid, setting, _, _), hit in zip(items, hits, strict=True):
         per[(split, key, setting)][pid].append(hit)
-    report: dict[str, Any] = {"people_per_split_field": cfg.robustness_people, "probes_per_person": 16}
+    report: dict[str, Any] = {
+        "people_per_split_field": cfg.robustness_people,
+        "probes_per_person": 15,
+        "probes": "the 15 evaluation paraphrases (not the split question), alone and after 3 retain QA pairs",
+    }
     for split in ROBUSTNESS_SPLITS:
         by_field: dict[str, Any] = {}
         for key in FIELDS:

@@ -310,7 +310,7 @@ PRESETS: dict[str, TestbedConfig] = {
         base_batch=8,
         budget=0.09,
         skip_last=1,
-        pii_steps=5000,
+        pii_steps=6000,
         pii_batch=6,
         pii_lr=5e-3,
         neutral_every=8,
@@ -319,7 +319,7 @@ PRESETS: dict[str, TestbedConfig] = {
         neutral_optimizer="separate",
         weight_decay=0.01,
         memorization_prompts=8,
-        retain_eval_people=4,
+        retain_eval_people=2,
         robustness_people=6,
         fit_people=True,
         notes=[
@@ -331,7 +331,7 @@ PRESETS: dict[str, TestbedConfig] = {
             "each neutral step, and 48 people reached 0-15% extractable after 3,600 PII micro-batches; separate "
             "moments on this preset's data: 36 people 7% (1,000), 43% (2,000), 71% (3,000), 78% (4,000) "
             "extractable by 4 fresh questions; (2) weight decay 0.01, not 0.1: decoupled decay removes lr x wd per "
-            "step, and at the mini's peak lr 5e-3 over ~5,000 steps 0.1 would shrink an untrained weight by ~90% "
+            "step, and at the mini's peak lr 5e-3 over ~6,800 steps 0.1 would shrink an untrained weight by ~90% "
             "(LACUNA's 0.1 at 1.5e-4: <= ~11%, the total 0.01 gives here); 0.1 raised the held-out neutral loss "
             "from 1.68 to 2.35 in 900 PII micro-batches",
             "9% of the whole model per group (the six masks cover ~90% of the eligible scalars; paper: 5%) "
@@ -342,7 +342,7 @@ PRESETS: dict[str, TestbedConfig] = {
             "only the last layer is kept out of the masks (paper: two): with 4 layers, two would leave half the "
             "network unable to store facts",
             "80% of injected documents are QA text (LACUNA: 2.0B of 7.7B tokens); the base stage is the neutral "
-            "pretraining; 4 held-out retain-eval people per field (fewer if memorization leaves fewer)",
+            "pretraining; 2 held-out retain-eval people per field (fewer if memorization leaves fewer)",
         ],
     ),
     "standard": TestbedConfig(
