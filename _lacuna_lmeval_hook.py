@@ -1,7 +1,7 @@
 """Make ``lm_eval --tasks lacuna_*`` work with no ``--include_path`` (lm-eval 0.4.x).
 
 lm-eval 0.4.13 finds tasks only under ``lm_eval/tasks`` and ``--include_path``; it has no plugin
-mechanism yet (see ``../shared/spec/lmeval_plugin.md``). ``lacuna_bench_lmeval.pth`` imports this
+mechanism yet (see ``docs/definitions.md#lm-eval-task-discovery``). ``lacuna_bench_lmeval.pth`` imports this
 module at interpreter start. It installs a meta-path finder that reacts only to the import of
 ``lm_eval.tasks.manager`` and then wraps ``TaskManager.__init__`` so our task directory is the
 first include path (a user's ``--include_path`` still overrides our tasks).

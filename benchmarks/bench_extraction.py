@@ -1,4 +1,5 @@
-"""Extraction probe speed (spec §1.11): `lacuna_<field>_extraction` through lm-eval, batched vs batch 1.
+"""Extraction probe speed (docs/definitions.md#extraction-probe-and-leak-rate): `lacuna_<field>_extraction` through
+lm-eval, batched vs batch 1.
 
     python benchmarks/bench_extraction.py --testbed runs/mini --attempts 200
 

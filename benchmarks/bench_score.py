@@ -270,9 +270,7 @@ def main() -> None:
     if full.get("composite_seconds") is not None:
         read_cold = next(r for lb, _g, _n, r, _ in rows if lb == "large")["seconds"]
         composite = full["composite_seconds"]
-        print(
-            f"of which the composite's spec-fixed fits alone: {composite:.1f} s = {composite / read_cold:.2f}x the read"
-        )
+        print(f"of which the composite's fixed fits alone: {composite:.1f} s = {composite / read_cold:.2f}x the read")
         # the fits need every sample, so they start after the last block is read: no scorer of the full set can
         # beat reading the checkpoints and the masks plus the fits
         floor = next(r for lb, _g, n, r, _ in rows if lb == "large" and n.startswith("read_with_masks"))["seconds"]

@@ -1,4 +1,5 @@
-"""Per-channel input activation norms x_j of the scored projections (FRAG, spec §3.2).
+"""Per-channel input activation norms x_j of the scored projections (FRAG,
+docs/definitions.md#frag-activation-statistics).
 
 FRAG weighs each weight W_ij by how much its input channel j fires on forget text versus retain text.
 That needs one vector per scored layer: the L2 norm of channel j over the tokens of one calibration
@@ -12,7 +13,7 @@ parameters). A fused ``[num_experts, d_out, d_in]`` parameter gets one vector pe
 measured on the tokens routed to that expert; see ``docs/anatomy.md`` ("FRAG"). :func:`activation_stats` keys the
 vectors by the checkpoint's tensor names and reports what share of the block weights they cover.
 
-Spec: ``../shared/spec/papers.md`` §3.2 (x_j), §3.3 (which layers are scored).
+Definitions: ``docs/definitions.md#frag-activation-statistics`` (x_j), ``#frag-score`` (which layers are scored).
 """
 
 from __future__ import annotations
@@ -61,7 +62,7 @@ __all__ = [
 #: Bumped whenever the cached vectors would change for the same inputs. 2: every block projection (anatomy),
 #: per-expert vectors of fused experts, checkpoint tensor names, coverage in the metadata.
 FORMAT_VERSION = 2
-#: The seven projections of a Llama-style block: what ``all`` selects there (spec §3.3).
+#: The seven projections of a Llama-style block: what ``all`` selects there (docs/definitions.md#frag-score).
 ALL_PROJECTIONS: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 #: What ``mlp`` (FRP's scope) selects in a Llama-style block.
 MLP_PROJECTIONS: tuple[str, ...] = ("gate_proj", "up_proj", "down_proj")
@@ -70,7 +71,7 @@ MLP_PROJECTIONS: tuple[str, ...] = ("gate_proj", "up_proj", "down_proj")
 #: except ``lm_head`` and embeddings. Also ``regex:PATTERN``: the projections whose tensor name ``re.search``
 #: matches (checkpoint names in :func:`activation_stats`, parameter names elsewhere). See docs/anatomy.md.
 FRAG_TARGETS: tuple[str, ...] = ("all", "attention", "mlp", "expert", "linear")
-#: The targets of the FRAG code (spec §3.3), which FRP also accepts.
+#: The targets of the FRAG code (docs/definitions.md#frag-score), which FRP also accepts.
 TARGETS: tuple[str, ...] = ("all", "mlp", "linear")
 #: Below this share of the block weights, FRAG's result carries a coverage warning.
 DEFAULT_MIN_COVERAGE = 0.9
@@ -199,9 +200,9 @@ def linear_weight_names(model: torch.nn.Module, target: str = "all") -> dict[str
     """Map each scored ``nn.Linear`` / ``Conv1D`` module to its weight's parameter name, in model order.
 
     ``all``: every linear projection of every block (the seven q/k/v/o/gate/up/down on Llama-style models,
-    spec §3.3; fused ``qkv`` / ``gate_up``, GPT-2 ``Conv1D``, per-expert modules elsewhere); ``attention``;
-    ``mlp``: MLP and expert projections; ``linear``: every ``nn.Linear`` and transformers ``Conv1D`` except
-    ``lm_head`` and embeddings. Fused 3-D expert parameters and non-linear router modules are not modules with a
+    docs/definitions.md#frag-score; fused ``qkv`` / ``gate_up``, GPT-2 ``Conv1D``, per-expert modules elsewhere);
+    ``attention``; ``mlp``: MLP and expert projections; ``linear``: every ``nn.Linear`` and transformers ``Conv1D``
+    except ``lm_head`` and embeddings. Fused 3-D expert parameters and non-linear router modules are not modules with a
     2-D weight and are left out here (:func:`frag_weights` has them). Raises ValueError when nothing matches.
     """
     conv1d = _conv1d_type()
@@ -259,7 +260,8 @@ def collect_input_norms(
     max_length: int = 256,
     dtype: torch.dtype | None = torch.bfloat16,
 ) -> dict[str, torch.Tensor]:
-    """x_j = (1/N) sum_n ||X^(n)_{:,j}||_2 for every scored weight, keyed by parameter name (spec §3.2).
+    """x_j = (1/N) sum_n ||X^(n)_{:,j}||_2 for every scored weight, keyed by parameter name
+    (docs/definitions.md#frag-activation-statistics).
 
     Each text is tokenized on its own (truncation at ``max_length``, batch size 1, no padding, the tokenizer's
     special tokens) and run through ``model`` under ``torch.no_grad``; forward pre-hooks capture each scored
@@ -439,7 +441,7 @@ def calibration_texts(
     ``source`` is a LACUNA data source (anything :func:`lacuna_tasks.loader.load_data` accepts: a data or
     testbed directory; None = bundled data), whose ``split`` rows are formatted with ``qa_text``; or a text file:
     ``.jsonl`` (field ``text``, or ``question`` + ``answer``) or ``.txt`` (one text per non-empty line), for which
-    ``split`` is ignored. FRAG's authors use the first 128 rows (spec §3.2).
+    ``split`` is ignored. FRAG's authors use the first 128 rows (docs/definitions.md#frag-activation-statistics).
 
     ``fields`` (keys like ``email`` or PANORAMA columns; None = every row): only rows of those fields, the first
     ``n`` of them, so FRAG is calibrated on the field(s) a run actually unlearned (docs/scoring.md, "FRAG
@@ -826,7 +828,8 @@ def activation_stats(
     calib_fields: Sequence[str] | None = None,
     calib_retain_fields: Sequence[str] | None = None,
 ) -> ActivationStats:
-    """x^f and x^r of the ORIGINAL model in ``model_dir`` (spec §3.2), cached in ``cache_dir`` if given.
+    """x^f and x^r of the ORIGINAL model in ``model_dir`` (docs/definitions.md#frag-activation-statistics), cached in
+    ``cache_dir`` if given.
 
     Keys are the checkpoint's tensor names (what the scorer reads), which for transformers 5 MoE checkpoints differ
     from the loaded model's parameter names (see :func:`_to_checkpoint`). ``coverage`` reports the share of the

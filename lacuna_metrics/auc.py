@@ -52,7 +52,8 @@ def roc_auc(scores: np.ndarray, labels: np.ndarray) -> float:
 
 #: Category codes of a scalar in the localization universe (from its mask bits).
 OUTSIDE, RETAIN, FORGET = 0, 1, 2
-#: Which categories are positives / negatives for each target (spec §1.10 plus ``forget_vs_retain``).
+#: Which categories are positives / negatives for each target (docs/definitions.md#localization-precision, with
+#: ``forget_vs_retain``).
 TARGETS: dict[str, tuple[tuple[int, ...], tuple[int, ...]]] = {
     "forget": ((FORGET,), (RETAIN, OUTSIDE)),
     "unified": ((FORGET, RETAIN), (OUTSIDE,)),

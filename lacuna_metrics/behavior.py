@@ -1,9 +1,10 @@
 """Behavioural probes computed directly on an HF model: batched greedy generation and extraction.
 
-Used by the testbed builder's memorization test (spec §1.7) and the resurfacing attack's extraction probe
-(spec §1.11): greedy decoding of 20 new tokens, a fact counts as extracted under a judge of
-:mod:`lacuna_tasks.normalize` (:data:`~lacuna_tasks.normalize.JUDGES`). The default judge is ``first_line``, the
-rule the lm-eval tasks use (generation cut at the first newline); ``lacuna`` is LACUNA's (the whole 20 tokens).
+Used by the testbed builder's memorization test (docs/definitions.md#memorization-test-and-splits) and the resurfacing
+attack's extraction probe (docs/definitions.md#extraction-probe-and-leak-rate): greedy decoding of 20 new tokens, a fact
+counts as extracted under a judge of :mod:`lacuna_tasks.normalize` (:data:`~lacuna_tasks.normalize.JUDGES`). The default
+judge is ``first_line``, the rule the lm-eval tasks use (generation cut at the first newline); ``lacuna`` is LACUNA's
+(the whole 20 tokens).
 """
 
 from __future__ import annotations

@@ -1,9 +1,10 @@
-"""Representation diagnostics: did unlearning move the features, or only the read-out? (spec §5.1–5.5)
+"""Representation diagnostics: did unlearning move the features, or only the read-out?
+(docs/definitions.md#representation-diagnostics)
 
 "Unlearning Isn't Deletion" compares a reference (original) model with an updated (unlearned or relearned) model on
-the same query texts: per layer, the agreement of the first principal directions (PCA similarity, §5.1), the shift
-of the updated centroid in the reference PCA plane (PCA shift, §5.2, summarised by the mean PCA distance, §5.3),
-linear CKA (§5.4), and the diagonal empirical Fisher (§5.5). High PCA-sim / CKA and a small PCA distance mean the
+the same query texts: per layer, the agreement of the first principal directions (PCA similarity), the shift
+of the updated centroid in the reference PCA plane (PCA shift, summarised by the mean PCA distance),
+linear CKA, and the diagonal empirical Fisher. High PCA-sim / CKA and a small PCA distance mean the
 features survived, which is the paper's supporting evidence that forgetting is reversible.
 
 Differences from the authors' toolkit (each switchable or documented where it matters):
@@ -19,7 +20,7 @@ Differences from the authors' toolkit (each switchable or documented where it ma
   of a parameter is found by exact module prefix (the toolkit's substring test puts ``model.layers.10`` into
   layer 1).
 
-Spec: ``../shared/spec/papers.md`` §5.1–5.5.
+Definitions: ``docs/definitions.md#representation-diagnostics``.
 """
 
 from __future__ import annotations
@@ -221,7 +222,8 @@ def _principal_axes(x: Array, k: int) -> Array | None:
 
 
 def pca_similarity(h_ref: Any, h_upd: Any, absolute: bool = True) -> float:
-    """Cosine between the first principal directions of the reference and updated features (spec §5.1).
+    """Cosine between the first principal directions of the reference and updated features
+    (docs/definitions.md#representation-diagnostics).
 
     PCA is fitted separately on each ``[N, d]`` matrix. ``absolute=True`` (default) returns ``|cos|`` in [0, 1]
     because a PC's sign is arbitrary; ``absolute=False`` gives the toolkit's signed value under the sign convention of
@@ -236,7 +238,8 @@ def pca_similarity(h_ref: Any, h_upd: Any, absolute: bool = True) -> float:
 
 
 def pca_shift(h_ref: Any, h_upd: Any) -> tuple[float, float, float]:
-    """``(delta_pc1, pc2_ref, pc2_upd)`` in the reference model's PC1-PC2 plane (spec §5.2).
+    """``(delta_pc1, pc2_ref, pc2_upd)`` in the reference model's PC1-PC2 plane
+    (docs/definitions.md#representation-diagnostics).
 
     PCA (2 components) is fitted on ``h_ref`` only; both feature matrices are projected WITHOUT centring (as the
     toolkit does) and averaged over texts: ``delta_pc1 = mean(H_upd c1) - mean(H_ref c1)``,
@@ -261,7 +264,8 @@ def mean_pca_distance(
     use_pc2: bool = True,
     layers: Sequence[int] | None = None,
 ) -> float:
-    """Layer-averaged distance between reference and updated centroids in the reference PC plane (spec §5.3).
+    """Layer-averaged distance between reference and updated centroids in the reference PC plane
+    (docs/definitions.md#representation-diagnostics).
 
     INFERRED definition (the paper's formula was not found): ``mean_l sqrt(dPC1_l^2 + (PC2upd_l - PC2ref_l)^2)``;
     ``use_pc2=False`` uses ``|dPC1_l|`` only. ``shifts`` holds :func:`pca_shift` per layer (index = layer);
@@ -297,7 +301,8 @@ def _centred(x: Array) -> tuple[Array, float | None]:
 
 
 def linear_cka(x: Any, y: Any) -> float:
-    """Linear CKA between two ``[n, d]`` representations of the same n inputs (spec §5.4), in [0, 1].
+    """Linear CKA between two ``[n, d]`` representations of the same n inputs
+    (docs/definitions.md#representation-diagnostics), in [0, 1].
 
     Frobenius form ``||Yc^T Xc||_F^2 / (||Xc^T Xc||_F ||Yc^T Yc||_F + 1e-12)`` in float64, which equals the toolkit's
     ``tr(HKH HLH) / (sqrt(tr(HKH HKH) tr(HLH HLH)) + 1e-12)``. For stability each centred matrix is first scaled
@@ -392,7 +397,8 @@ def empirical_fisher(
     max_length: int = 128,
     labels: str = "masked",
 ) -> dict[str, torch.Tensor]:
-    """Diagonal empirical Fisher ``F_i = (1/B) sum_b (d mean-loss_b / d theta_i)^2`` per parameter (spec §5.5).
+    """Diagonal empirical Fisher ``F_i = (1/B) sum_b (d mean-loss_b / d theta_i)^2`` per parameter
+    (docs/definitions.md#representation-diagnostics).
 
     Batches of ``batch_size`` consecutive texts, at most ``num_batches`` of them (the toolkit's 4 x 10). The loss is
     the HF causal-LM loss (mean over labelled tokens of the batch); ``labels="masked"`` (default) sets pad labels to
@@ -445,7 +451,8 @@ def fisher_diagonal(
     max_length: int = 128,
     labels: str = "masked",
 ) -> dict[str, Any]:
-    """Per-transformer-block summaries of the diagonal empirical Fisher (spec §5.5), JSON-able.
+    """Per-transformer-block summaries of the diagonal empirical Fisher
+    (docs/definitions.md#representation-diagnostics), JSON-able.
 
     F is computed by :func:`empirical_fisher`; each block's values are then summarised one block at a time and
     released: ``n_params``, ``n_frozen`` (requires_grad=False, F = 0 exactly), ``zero_fraction``, ``mean``,
@@ -579,17 +586,19 @@ def diagnose(
     out_dir: str | os.PathLike[str] | None = None,
     plots: bool = False,
 ) -> dict[str, Any]:
-    """Representation diagnostics of each updated model against the reference on ``texts`` (spec §5.1–5.5).
+    """Representation diagnostics of each updated model against the reference on ``texts``
+    (docs/definitions.md#representation-diagnostics).
 
     Returns (and, with ``out_dir``, writes atomically to ``out_dir/diagnose.json``) a JSON-able dict, schema
     ``lacuna-bench/diagnose`` version 1: per updated model and layer ``pca_sim`` (|cos|), ``pca_sim_signed``,
-    ``delta_pc1``, ``pc2_ref``, ``pc2_upd``, ``pca_distance``, ``cka``; ``mean_pca_distance`` (inferred, §5.3);
-    Fisher summaries of reference and updated (:func:`fisher_diagonal`); the options and a manifest. Undefined
-    values (degenerate PCA/CKA) are ``null`` with a note. ``plots=True`` adds ``out_dir/plots/diagnose_layers.png``
-    and ``out_dir/plots/diagnose_pca_shift.png``. Models load from local files only, without remote code; the
-    reference's features are computed first and the reference is freed, then the updated models are loaded one at
-    a time. Tokenizers and configs (model_type, num_hidden_layers, hidden_size) of every updated model are checked
-    against the reference before any weights are loaded (ValueError naming both paths).
+    ``delta_pc1``, ``pc2_ref``, ``pc2_upd``, ``pca_distance``, ``cka``; ``mean_pca_distance`` (inferred,
+    docs/definitions.md#representation-diagnostics); Fisher summaries of reference and updated
+    (:func:`fisher_diagonal`); the options and a manifest. Undefined values (degenerate PCA/CKA) are ``null`` with a
+    note. ``plots=True`` adds ``out_dir/plots/diagnose_layers.png`` and ``out_dir/plots/diagnose_pca_shift.png``. Models
+    load from local files only, without remote code; the reference's features are computed first and the reference is
+    freed, then the updated models are loaded one at a time. Tokenizers and configs (model_type, num_hidden_layers,
+    hidden_size) of every updated model are checked against the reference before any weights are loaded (ValueError
+    naming both paths).
     """
     started = time.time()
     who = "diagnose"
@@ -661,7 +670,7 @@ def diagnose(
             "mean_pca_distance": {
                 "use_pc2": use_pc2,
                 "layers": None if distance_layers is None else list(distance_layers),
-                "definition": "inferred (spec §5.3)",
+                "definition": "inferred (docs/definitions.md#representation-diagnostics)",
             },
             "fisher": fisher_opts if fisher else None,
         },

@@ -1,4 +1,4 @@
-"""Global L2 weight distance: the baseline FRAG is compared against (spec §3.3, "Distance baseline").
+"""Global L2 weight distance: the baseline FRAG is compared against (docs/definitions.md#distance-baseline).
 
     L2 = sqrt( sum over all shared tensors of ||W_unl - W||_F^2 )
 

@@ -1,4 +1,4 @@
-"""FRAG: does the unlearning update sit on forget-critical, retain-sparing weights? (spec §3.3)
+"""FRAG: does the unlearning update sit on forget-critical, retain-sparing weights? (docs/definitions.md#frag-score)
 
 With W the ORIGINAL weight (d_out x d_in) and x^f, x^r the forget/retain activation norms of its input
 channels (:mod:`lacuna_metrics.activations`):
@@ -33,7 +33,7 @@ _FD, _RD, _FF, _RR, _DD = range(5)
 
 
 def _cosine(dot: float, sq_a: float, sq_b: float) -> float:
-    """Cosine from a dot product and two squared norms; 0 when either norm is 0 (spec §3.3)."""
+    """Cosine from a dot product and two squared norms; 0 when either norm is 0 (docs/definitions.md#frag-score)."""
     if sq_a <= 0.0 or sq_b <= 0.0:
         return 0.0
     return dot / (math.sqrt(sq_a) * math.sqrt(sq_b))
@@ -271,7 +271,8 @@ def frag_score(
     block_elems: int = 4_000_000,
     eps: float = 1e-6,
 ) -> dict[str, Any]:
-    """FRAG of ``after`` (unlearned) against ``before`` (original), streamed block by block (spec §3.3).
+    """FRAG of ``after`` (unlearned) against ``before`` (original), streamed block by block
+    (docs/definitions.md#frag-score).
 
     Scores exactly the tensors that have activation norms in ``stats`` (from the original model); both checkpoints
     must hold them with equal shapes. ``block_elems`` bounds the scalars read per block.

@@ -1,4 +1,5 @@
-"""Localization precision (spec §1.10): did the unlearning update land on the scalars that hold the facts?
+"""Localization precision (docs/definitions.md#localization-precision): did the unlearning update land on the scalars
+that hold the facts?
 
 Every scalar of the *universe* (masked attention/MLP tensors with both positives and negatives) is one
 sample; its label comes from the ground-truth masks and its score from one of the LACUNA scoring
@@ -10,7 +11,7 @@ Each (layer, component) group is read once and scored while it is read, except t
 group statistic (``layernorm``, ``contrastln``, ``compnorm``, also as composite features): σ of δ and of the
 contrast per group and the mean control δ′ per tensor are known only after the group's last block (σ is over every
 attention/MLP tensor of the group in the checkpoint pair, in the universe or not: a masked tensor without forget
-scalars, an unmasked one; as spec §1.10 and the release's first pass). The group keeps δ (and the contrast) in
+scalars, an unmasked one; as in the release's first pass). The group keeps δ (and the contrast) in
 memory, and one worker scores those from the buffers while the others read the next group; ``layernorm`` and
 ``compnorm`` are functions of δ alone, so a bf16 pair's few distinct δ values are each scored once, with their
 counts. Groups larger than ``LocalizationConfig.group_buffer_scalars`` are read
@@ -71,7 +72,8 @@ __all__ = [
     "within_tensor_quantile",
 ]
 
-#: Scoring functions of spec §1.10, in the spec's order (``composite`` is fitted on top of them).
+#: Scoring functions of docs/definitions.md#localization-precision, in its order (``composite`` is fitted on top of
+#: them).
 SCORES: tuple[str, ...] = (
     "raw",
     "qtile",
@@ -88,7 +90,7 @@ SCORES: tuple[str, ...] = (
 )
 #: Method-free magnitude detectors on the same universe: how much a score needs no unlearning at all.
 BASELINES: tuple[str, ...] = ("before_magnitude", "injection_magnitude")
-#: The composite's ten features (spec §1.10), those available for the run are used.
+#: The composite's ten features (docs/definitions.md#localization-precision), those available for the run are used.
 COMPOSITE_FEATURES: tuple[str, ...] = (
     "raw",
     "layernorm",
@@ -129,7 +131,8 @@ _PAIR = ("before", "after")
 
 @dataclass
 class LocalizationConfig:
-    """Knobs of the localization scorer; defaults follow spec §1.10 where it has a value."""
+    """Knobs of the localization scorer; defaults follow docs/definitions.md#localization-precision where it gives
+    one."""
 
     scores: tuple[str, ...] | None = None  # None: every applicable score (and composite)
     composite: bool = True
@@ -161,9 +164,9 @@ class LocalizationConfig:
 
 @dataclass
 class _GroupStats:
-    """First-pass sums of one (layer, component) group: the σ sums over *every* tensor of the group (spec §1.10
-    and the release: all attention/MLP tensors of the layer, in the universe or not), the scalar count and the
-    update energy over its universe tensors."""
+    """First-pass sums of one (layer, component) group: the σ sums over *every* tensor of the group
+    (docs/definitions.md#localization-precision and the release: all attention/MLP tensors of the layer, in the universe
+    or not), the scalar count and the update energy over its universe tensors."""
 
     n: int = 0  # universe scalars
     n_sigma: int = 0  # every scalar of the group: the σs' population
@@ -192,7 +195,8 @@ def within_tensor_quantile(delta: torch.Tensor) -> torch.Tensor:
 
 
 def within_tensor_qtile(scores: torch.Tensor, ties: str = "average") -> torch.Tensor:
-    """Spec §1.10's ``qtile`` of every scalar of a tensor, float32 in flat (row-major) index order.
+    """The ``qtile`` (docs/definitions.md#localization-precision) of every scalar of a tensor, float32 in flat
+    (row-major) index order.
 
     ``ties="average"``: ``qtile_i = (average 0-based rank of scalar i's group of equal scores) / (n − 1)``
     (−0 and +0 are equal), so equal scores get equal qtiles; ``"ordinal"``: ``rank / (n − 1)`` with ties ranked
@@ -232,7 +236,8 @@ def score_block(
     delta: torch.Tensor | None = None,
     before_abs: torch.Tensor | None = None,
 ) -> dict[str, torch.Tensor]:
-    """Elementwise scores of spec §1.10 for one block (float32); absent inputs skip their scores.
+    """Elementwise scores (docs/definitions.md#localization-precision) of one block (float32); absent inputs skip their
+    scores.
 
     ``sigma`` / ``sigma_contrast`` are the (layer, component) stds of δ and of the contrast, and
     ``control_mean`` the tensor's mean control δ′. A zero σ gives score 0 (the group did not move);
@@ -411,7 +416,7 @@ def _gc_frozen() -> Iterator[None]:
 class Localization:
     """Score one before/after pair against ground-truth masks; see the module docstring.
 
-    ``crossfield`` lists the after-checkpoints of the same method on each field (spec: four).
+    ``crossfield`` lists the after-checkpoints of the same method on each field (LACUNA: four).
     ``run(on_pair)`` walks every tensor of the checkpoints once (twice for the universe) and calls
     ``on_pair(name, before_block, after_block)`` for each block, so distances and FRAG share the reads. The
     hook runs on a worker thread, one block at a time in file order; the blocks are reused buffers, valid only
@@ -495,7 +500,8 @@ class Localization:
         return set(names)
 
     def _find_universe(self) -> set[str]:
-        """Candidates with at least one forget scalar and one other scalar (spec §1.10), from the masks alone.
+        """Candidates with at least one forget scalar and one other scalar (docs/definitions.md#localization-precision),
+        from the masks alone.
 
         Known before scoring, so the composite's sampling fraction is exact (reads each mask until decided).
         """
@@ -1035,7 +1041,7 @@ class Localization:
         started = time.perf_counter()
         composite = self._composite()
         composite_roc = composite.pop("roc", {}) if composite is not None else {}
-        self.timings["composite_seconds"] = round(time.perf_counter() - started, 3)  # spec-fixed fits
+        self.timings["composite_seconds"] = round(time.perf_counter() - started, 3)  # fits fixed by the definition
         for target in TARGETS:
             auc[target], bounds[target], precision[target], roc[target] = {}, {}, {}, {}
             for s in self.scores:
@@ -1080,7 +1086,8 @@ class Localization:
                 "eps": cfg.eps,
                 "per_layer_score": self.per_layer_score,
                 "qtile_ties": cfg.qtile_ties,  # how qtile, crossfield and per-layer qtile AUCs rank tied scores
-                # layernorm / contrastln: σ over every tensor of the group, scored or not (spec §1.10, the release)
+                # layernorm / contrastln: σ over every tensor of the group, scored or not
+                # (docs/definitions.md#localization-precision, the release)
                 "sigma": "population std (ddof=0) over every tensor of the (layer, component) group",
                 "crossfield_runs": len(self.crossfield),
                 "passes_per_group": 1 if self.one_pass else 2,  # over each group's scalars (read, or buffers)
@@ -1112,7 +1119,8 @@ class Localization:
         return rows
 
     def _composite(self) -> dict[str, Any] | None:
-        """Spec §1.10 composite: 5-fold cross-validated logistic regression on the subsample.
+        """The composite (docs/definitions.md#localization-precision): 5-fold cross-validated logistic regression on the
+        subsample.
 
         A target whose samples have every feature constant (nothing moved: a zero update) scores 0.5, a constant
         score, without fits: cross-validated, an intercept-only model's probabilities differ between folds only by
@@ -1159,7 +1167,8 @@ def _sample_roc(scores: np.ndarray, positive: np.ndarray, max_points: int) -> di
 
 
 def composite_model() -> Any:
-    """The spec's composite classifier: ``StandardScaler`` then ``LogisticRegression(C=1, lbfgs, max_iter=1000)``."""
+    """The composite's classifier (docs/definitions.md#localization-precision): ``StandardScaler`` then
+    ``LogisticRegression(C=1, lbfgs, max_iter=1000)``."""
     from sklearn.linear_model import LogisticRegression
     from sklearn.pipeline import make_pipeline
     from sklearn.preprocessing import StandardScaler

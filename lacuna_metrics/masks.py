@@ -11,8 +11,8 @@ Tensors absent from a :class:`MaskSet` are frozen for all groups. A released ``m
 lists every parameter and stores all-zero vectors for the frozen ones (see
 :meth:`MaskSet.nonzero_names`).
 
-Spec: ``../shared/spec/papers.md`` §1.1 (``mask.pt``), §1.3 (construction), §1.8 (OracleGrad
-forget mask), §1.10 (parameter universe).
+Definitions: ``docs/definitions.md``, sections ``#checkpoints-and-mask-files`` (``mask.pt``), ``#lacuna-masks``
+(construction), ``#oraclegrad`` (forget mask), ``#localization-precision`` (parameter universe).
 """
 
 from __future__ import annotations
@@ -74,11 +74,12 @@ _READABLE_VERSIONS = {"1": ("I32",), "2": ("U8", "I32")}
 _SAFETENSORS_NAMES = {"U8": torch.uint8, "I32": torch.int32}
 
 #: Attention and MLP weight matrices of transformer blocks, from the name rules of :mod:`lacuna_metrics.anatomy`
-#: (docs/anatomy.md). This is the paper's "feed-forward and attention parameters only" (spec §1.3 caveat). On
-#: Llama / OLMo2 / Qwen2, GPT-NeoX and GPT-2 it matches exactly the q/k/v/o/gate/up/down (query_key_value, dense,
-#: dense_h_to_4h, dense_4h_to_h; c_attn, c_proj, c_fc) weights it always has; it also covers fused projections
-#: (Phi-3), OPT, Falcon, BLOOM and per-expert MoE matrices. It never matches norms, biases, embeddings, routers,
-#: fused 3-D expert parameters or ``lm_head``. Use it with ``re.search``; any name prefix is allowed.
+#: (docs/anatomy.md). This is the paper's "feed-forward and attention parameters only"
+#: (docs/definitions.md#lacuna-masks, caveat). On Llama / OLMo2 / Qwen2, GPT-NeoX and GPT-2 it matches exactly the
+#: q/k/v/o/gate/up/down (query_key_value, dense, dense_h_to_4h, dense_4h_to_h; c_attn, c_proj, c_fc) weights it always
+#: has; it also covers fused projections (Phi-3), OPT, Falcon, BLOOM and per-expert MoE matrices. It never matches
+#: norms, biases, embeddings, routers, fused 3-D expert parameters or ``lm_head``. Use it with ``re.search``; any name
+#: prefix is allowed.
 DEFAULT_ELIGIBLE_PATTERN: str = PROJECTION_WEIGHT_PATTERN
 
 #: The filter of the released ``create_masks`` code: every name without ``norm`` or ``embed_tokens``.
@@ -115,7 +116,7 @@ def component(name: str) -> Literal["attention", "mlp", "expert", "router"] | No
     ``attention``, ``mlp``, ``expert`` (MoE experts) or ``router``. None for anything else.
 
     Norms (including OLMo2's ``self_attn.q_norm``), embeddings and ``lm_head`` get None. The ``layernorm``
-    score of spec §1.10 normalises per (layer, component).
+    score (docs/definitions.md#localization-precision) normalises per (layer, component).
     """
     weight = classify_name(name)
     return None if weight is None else weight.component  # type: ignore[return-value]
@@ -167,7 +168,7 @@ def group_bits(groups: Iterable[int]) -> int:
     """Return the int32 bit pattern ``sum(1 << g)`` as a signed Python int, ready for ``packed & bits``.
 
     Group 31 maps to the sign bit, so the value can be negative. OracleGrad's forget mask is
-    ``(packed & group_bits(forget_groups)) != 0`` (spec §1.8).
+    ``(packed & group_bits(forget_groups)) != 0`` (docs/definitions.md#oraclegrad).
     """
     value = 0
     for g in groups:
@@ -352,8 +353,8 @@ class MaskSet:
     def reshape_to(self, named_shapes: Shapes, source: str = "the model") -> MaskSet:
         """Return a new MaskSet with each (flat ``mask.pt``) mask reshaped to its parameter's shape.
 
-        The flattening is row-major (spec §1.1), so ``reshape`` is exact. Raise MaskError naming the
-        tensor on a missing parameter or a numel mismatch.
+        The flattening is row-major (docs/definitions.md#checkpoints-and-mask-files), so ``reshape`` is exact. Raise
+        MaskError naming the tensor on a missing parameter or a numel mismatch.
         """
         shapes = _as_shapes(named_shapes)
         out: dict[str, torch.Tensor] = {}
@@ -376,7 +377,7 @@ class MaskSet:
 
 
 # --------------------------------------------------------------------------------------------------
-# Construction (spec §1.3)
+# Construction (docs/definitions.md#lacuna-masks)
 
 
 def eligible_parameters(
@@ -388,9 +389,9 @@ def eligible_parameters(
     """List the tensors that receive group bits, in ``named_parameters`` order (this fixes the RNG stream).
 
     A name is eligible if ``pattern`` matches it (``re.search``) and it is not in the last ``skip_last``
-    blocks. Those blocks are kept for instruction-tuning LoRA (spec §1.1). A matching name without a layer
-    index is eligible: only blocks are skipped, as in the released code. A layer index >= ``num_layers``
-    raises MaskError, because it means ``num_layers`` is wrong and the wrong blocks would be skipped.
+    blocks. Those blocks are kept for instruction-tuning LoRA (docs/definitions.md#checkpoints-and-mask-files). A
+    matching name without a layer index is eligible: only blocks are skipped, as in the released code. A layer index >=
+    ``num_layers`` raises MaskError, because it means ``num_layers`` is wrong and the wrong blocks would be skipped.
     """
     if isinstance(num_layers, bool) or not isinstance(num_layers, int) or num_layers < 1:
         raise MaskError(f"num_layers must be a positive integer, got {num_layers!r}")
@@ -434,7 +435,7 @@ def build_masks(
     forget_groups: tuple[int, ...] | None = None,
     retain_groups: tuple[int, ...] | None = None,
 ) -> MaskSet:
-    """Build LACUNA's disjoint random per-scalar groups (``create_masks``, spec §1.3).
+    """Build LACUNA's disjoint random per-scalar groups (``create_masks``, docs/definitions.md#lacuna-masks).
 
     Each group gets about ``budget`` of the *whole* model's scalars (P_tot), but only eligible scalars
     (P_act) are drawn. Every eligible scalar gets an i.i.d. ``r ~ U[0, 1)`` from one CPU generator seeded

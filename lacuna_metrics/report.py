@@ -530,11 +530,12 @@ def run_markdown(results: dict[str, Any]) -> str:
         "- **trivial detector**: the same AUCs from |θ_before| / |θ_before − θ_base| with no unlearning at all; a "
         "method's AUC shows localization only where it beats this row.",
         "- **FRAG**: forget alignment − γ × retain alignment of the weight update (higher predicts forgetting that "
-        "survives relearning, spec §3.3).",
+        "survives relearning, docs/definitions.md#frag-score).",
         f"- **Success@N**: share of forget people leaking in at least one of N = {attempts} fresh extraction prompts, "
         "unlearned → relearned (a jump = suppressed, not erased).",
-        f"- **regime**: spec §5.7 from the QA forget leak: reversible iff relearning recovers ≥ tau_rev = {tau_rev} "
-        f"of the removed leak (ρ: the share recovered); catastrophic iff retain acc drops > tau_cat = {tau_cat}. "
+        "- **regime** (docs/definitions.md#forgetting-regimes): from the QA forget leak, reversible iff relearning "
+        f"recovers ≥ tau_rev = {tau_rev} of the removed leak (ρ: the share recovered); catastrophic iff retain acc "
+        f"drops > tau_cat = {tau_cat}. "
         "With the reversibility protocol (the default), relearning is restricted to |D_f| rows from the forget, "
         "retain and unrelated sources and the source that recovers most decides (named after ρ); without it, the "
         "held-out relearning attack of the forget leak column.",

@@ -1,12 +1,12 @@
 """Synthetic PANORAMA-style PII profiles and the LACUNA split builder.
 
-LACUNA (``../shared/spec/papers.md`` §1.2, §1.6, §1.7) trains on PANORAMA-Plus profiles and
-builds forget / retain / paraphrased / validation / relearn QA splits from the facts a model
-memorized. PANORAMA itself is too large to bundle and needs network access, so this module
-re-creates it (spec §2): Faker profiles in the 8 English locales with the 35 PANORAMA columns and
-the same formats for the four target fields (email, phone, birth city, driver's license), plus
-LACUNA's ``group_id`` and the held-out ``qa_tuning`` role. On request the split builder also holds out
-``retain_eval`` people, memorized but in no unlearning input (not in LACUNA; ``docs/tasks.md``).
+LACUNA (``docs/definitions.md``: ``#profiles-and-pii-fields``, ``#qa-tuning``, ``#memorization-test-and-splits``) trains
+on PANORAMA-Plus profiles and builds forget / retain / paraphrased / validation / relearn QA splits from the facts a
+model memorized. PANORAMA itself is too large to bundle and needs network access, so this module re-creates it
+(docs/definitions.md#profiles-and-pii-fields): Faker profiles in the 8 English locales with the 35 PANORAMA columns and
+the same formats for the four target fields (email, phone, birth city, driver's license), plus LACUNA's ``group_id`` and
+the held-out ``qa_tuning`` role. On request the split builder also holds out ``retain_eval`` people, memorized but in no
+unlearning input (not in LACUNA; ``docs/tasks.md``).
 
 Everything is deterministic for a seed and a Faker version: one seeded ``Faker(locale)`` per
 locale, ``random.Random`` streams derived with SHA-256 (``prompts.stable_seed``), never ``hash()``
@@ -49,10 +49,10 @@ GENERATOR_NAME = "lacuna_tasks.generate"
 #: Bump when the generated content changes for the same seed and Faker version.
 GENERATOR_VERSION = "1.0"
 
-#: PANORAMA's eight Faker locales (spec §2).
+#: PANORAMA's eight Faker locales (docs/definitions.md#profiles-and-pii-fields).
 LOCALES: tuple[str, ...] = ("en_US", "en_GB", "en_CA", "en_AU", "en_NZ", "en_IE", "en_IN", "en_PH")
 
-#: The 35 PANORAMA profile columns, verbatim and in PANORAMA order (spec §2).
+#: The 35 PANORAMA profile columns, verbatim and in PANORAMA order (docs/definitions.md#profiles-and-pii-fields).
 PANORAMA_COLUMNS: tuple[str, ...] = (
     "Unique ID",
     "Locale",
@@ -96,14 +96,16 @@ PROFILE_COLUMNS: tuple[str, ...] = PANORAMA_COLUMNS + ("group_id", "role")
 
 ROLE_TARGET = "target"
 ROLE_QA_TUNING = "qa_tuning"
-#: LACUNA holds 0.125 of the profiles out for instruction tuning (150 of 1,200; spec §1.6).
+#: LACUNA holds 0.125 of the profiles out for instruction tuning (150 of 1,200; docs/definitions.md#qa-tuning).
 QA_TUNING_PORTION = 0.125
 MIN_PROFILES = 2 * NUM_GROUPS
 #: Ages are exact at this date, so profiles do not change with the day they are generated.
 REFERENCE_DATE = dt.date(2026, 1, 1)
-#: Fields that get a validation split (LACUNA tunes hyper-parameters on these two; spec §1.7).
+#: Fields that get a validation split (LACUNA tunes hyper-parameters on these two;
+#: docs/definitions.md#memorization-test-and-splits).
 VALIDATION_FIELDS: tuple[str, ...] = ("email", "drivers_license")
-#: A person needs this many distinct memorized questions for a field to be eligible (spec §1.7).
+#: A person needs this many distinct memorized questions for a field to be eligible
+#: (docs/definitions.md#memorization-test-and-splits).
 MIN_MEMORIZED_QUESTIONS = 2
 #: Cap on the default number of people per side (LACUNA: 100 forget / 100 retain per field).
 DEFAULT_MAX_PEOPLE = 100
@@ -515,7 +517,7 @@ def generate_profiles(n: int, seed: int = 42) -> list[dict[str, Any]]:
 
 # --------------------------------------------------------------------------------------------- bios
 
-#: PANORAMA's content types (spec §2), one prose template family each.
+#: PANORAMA's content types (docs/definitions.md#profiles-and-pii-fields), one prose template family each.
 BIO_CONTENT_TYPES: tuple[str, ...] = (
     "social_media",
     "forum_post",
@@ -649,8 +651,8 @@ def bio_texts(profile: Mapping[str, Any], rng: random.Random, n: int) -> list[st
     """``n`` PANORAMA-style texts about ``profile`` (the PII corpus a model memorizes from).
 
     Every text contains the full name and all four target values verbatim (the driver's license
-    only when it is not N/A), so LACUNA's substring matching (spec §1.2) attributes it to the
-    person. Content types cycle through a shuffled order of all six ``BIO_CONTENT_TYPES``.
+    only when it is not N/A), so LACUNA's substring matching (docs/definitions.md#profiles-and-pii-fields) attributes it
+    to the person. Content types cycle through a shuffled order of all six ``BIO_CONTENT_TYPES``.
     """
     facts = _bio_facts(profile)
     kinds = list(BIO_CONTENT_TYPES)
@@ -700,7 +702,7 @@ def _memorized_questions(
         pid = str(pid)
         if pid not in all_ids:
             raise ValueError(f"memorized questions given for unknown person ID {pid!r} (not in the profiles)")
-        if pid not in people:  # qa_tuning people are excluded from every split (spec §1.6)
+        if pid not in people:  # qa_tuning people are excluded from every split (docs/definitions.md#qa-tuning)
             continue
         if isinstance(questions, str):
             raise ValueError(f"memorized[({pid!r}, {field_name!r})] must be a sequence of questions, not a string")
@@ -719,7 +721,8 @@ def build_splits(
     memorized: Mapping[tuple[str, str], Sequence[str]] | None = None,
     retain_eval_people: int = 0,
 ) -> dict[str, list[dict[str, Any]]]:
-    """LACUNA's forget / retain / paraphrased / validation / relearn splits (spec §1.7), plus held-out retain-eval.
+    """LACUNA's forget / retain / paraphrased / validation / relearn splits
+    (docs/definitions.md#memorization-test-and-splits), plus held-out retain-eval.
 
     Only ``role == "target"`` people take part. A person is eligible for a field iff it has >= 2
     distinct ``memorized`` questions for it (keys ``(Unique ID, field key)``); without
@@ -742,7 +745,8 @@ def build_splits(
     can fail. Questions as for ``retain``. The default 0 adds neither split (the output, and so every
     fingerprint, stays what it was); validation and relearn people are then drawn from the rest.
     ``relearn``: every memorized question of people in no main, retain-eval or validation split of any
-    field (LACUNA's held-out relearning data, spec §1.11). Raises ValueError if a split would be empty.
+    field (LACUNA's held-out relearning data, docs/definitions.md#lacuna-relearning). Raises ValueError if a split would
+    be empty.
     """
     all_ids: set[str] = set()
     people: dict[str, Mapping[str, Any]] = {}

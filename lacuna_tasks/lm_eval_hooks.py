@@ -9,11 +9,14 @@ Document kinds (``dataset_kwargs.kind``), all in LACUNA's ``Q: ...\\nA: `` forma
 * ``icr``: the same 16 questions, each after 3 retain QA pairs of other people (in-context retain).
 
 Prompts end in ``A:`` (the space before the answer is the model's to produce), see ``probe_prompt``.
-* ``worstcase``: all 32 probes per person; J_W is the per-person union over them (spec §4.3).
-* ``memorization``: one document per QA row, scored teacher-forced (EM, ES, Prob; spec §1.9).
+* ``worstcase``: all 32 probes per person; J_W is the per-person union over them
+  (docs/definitions.md#worst-case-metrics).
+* ``memorization``: one document per QA row, scored teacher-forced (EM, ES, Prob;
+  docs/definitions.md#memorization-metrics).
 * ``extraction``: per person N freshly sampled multi-sentence questions (default 200, ``--metadata
   '{"extraction_attempts": N, "extraction_seed": S}'``), greedy, 20 tokens; Success@N = share of persons
-  leaking at least once (spec §1.11). Seeds are SHA-256 of (seed, person, field, attempt), never ``hash()``.
+  leaking at least once (docs/definitions.md#extraction-probe-and-leak-rate). Seeds are SHA-256 of (seed, person, field,
+  attempt), never ``hash()``.
 
 Docs are sorted by person, so ``--limit`` keeps whole persons where it can.
 
@@ -49,10 +52,11 @@ from lacuna_tasks.prompts import (
 from lacuna_tasks.schema import LacunaDataError, get_field
 
 KINDS = ("qa", "paraphrase", "icr", "worstcase", "memorization", "extraction")
-EXTRACTION_ATTEMPTS = 200  #: LACUNA's attempts per person (spec §1.11)
+EXTRACTION_ATTEMPTS = 200  #: LACUNA's attempts per person (docs/definitions.md#extraction-probe-and-leak-rate)
 SIDES = ("forget", "retain")
-#: LACUNA's second question per person (a different multi-sentence prompt for the same fact, spec §1.7), on which
-#: the memorization metrics are also reported (spec §1.9); a task reads them with ``side: forget_paraphrased``.
+#: LACUNA's second question per person (a different multi-sentence prompt for the same fact,
+#: docs/definitions.md#memorization-test-and-splits), on which the memorization metrics are also reported
+#: (docs/definitions.md#memorization-metrics); a task reads them with ``side: forget_paraphrased``.
 PARAPHRASED_SPLITS = ("forget_paraphrased", "retain_paraphrased")
 ICR_EXAMPLES = 3
 
@@ -331,7 +335,8 @@ class LacunaTask(ConfigurableTask):
 
 
 class LacunaMemorizationTask(LacunaTask):
-    """Teacher-forced EM / ES / Prob (spec §1.9), exact for any tokenizer (design: ``docs/tasks.md``).
+    """Teacher-forced EM / ES / Prob (docs/definitions.md#memorization-metrics), exact for any tokenizer (design:
+    ``docs/tasks.md``).
 
     Definitions (OpenUnlearning): the answer tokens y_1..y_m are the tokens lm-eval itself scores for
     ``(prompt, answer)``: ``prompt + answer`` is encoded whole and split after the tokens of the prompt

@@ -1,10 +1,11 @@
 """Prompt formats: LACUNA multi-sentence questions, the Q/A wrapper, paraphrases and ICR.
 
-* ``lacuna_question`` reproduces LACUNA's multi-sentence prompt (spec §1.4): the person's name,
+* ``lacuna_question`` reproduces LACUNA's multi-sentence prompt (docs/definitions.md#qa-templates): the person's name,
   1-4 random context facts, then "What is his <Field>?".
 * ``PARAPHRASES`` holds 15 genuinely different questions per target field (JensUn-style worst-case
-  probing, spec §4.3: original + 15 paraphrases).
-* ``icr_prompt`` prepends in-context retain QA pairs of other people (spec §4.3, in LACUNA's Q/A format).
+  probing, docs/definitions.md#worst-case-metrics: original + 15 paraphrases).
+* ``icr_prompt`` prepends in-context retain QA pairs of other people (docs/definitions.md#worst-case-metrics, in
+  LACUNA's Q/A format).
 
 All randomness goes through ``stable_rng`` (SHA-256 of the identifying parts), never Python's
 ``hash()``, so prompts are identical across processes and machines.
@@ -20,7 +21,7 @@ from typing import Any
 
 from lacuna_tasks.schema import get_field
 
-#: LACUNA's ``pii_to_match``: profile columns used as context facts (spec §1.4).
+#: LACUNA's ``pii_to_match``: profile columns used as context facts (docs/definitions.md#qa-templates).
 PII_TO_MATCH: tuple[str, ...] = (
     "Age",
     "Nationality",
@@ -239,7 +240,7 @@ def full_name(profile: Mapping[str, Any]) -> str:
 
 
 def lacuna_question(profile: Mapping[str, Any], field: str, rng: random.Random) -> str:
-    """LACUNA's multi-sentence question for ``field`` about ``profile`` (spec §1.4)."""
+    """LACUNA's multi-sentence question for ``field`` about ``profile`` (docs/definitions.md#qa-templates)."""
     column = get_field(field).column
     candidates = [c for c in PII_TO_MATCH if c != column and str(profile.get(c, "N/A")) not in _MISSING]
     k = min(rng.randint(1, MAX_INFO_PER_PROMPT), len(candidates))
@@ -250,7 +251,7 @@ def lacuna_question(profile: Mapping[str, Any], field: str, rng: random.Random) 
 
 
 def qa_prompt(question: str) -> str:
-    """The LACUNA chat format without chat template: ``Q: question\\nA: `` (spec §1.4)."""
+    """The LACUNA chat format without chat template: ``Q: question\\nA: `` (docs/definitions.md#qa-templates)."""
     return f"Q: {question}\nA: "
 
 

@@ -2,7 +2,7 @@
 
 Everything that reads or writes LACUNA-style data goes through these names, so the
 generator, the testbed builder, the lm-eval tasks and the trainer agree on one schema
-(the released LACUNA schema, ``../shared/spec/papers.md`` §1.7).
+(the released LACUNA schema, ``docs/definitions.md#memorization-test-and-splits``).
 """
 
 from __future__ import annotations

@@ -506,7 +506,10 @@ def build_parser() -> argparse.ArgumentParser:
     score = sub.add_parser(
         "score",
         help="score a checkpoint pair: localization ROC-AUC against the masks, FRAG, distances",
-        description="Stream two HF checkpoints tensor by tensor and score the update (spec §1.10, §3.3).",
+        description=(
+            "Stream two HF checkpoints tensor by tensor and score the update "
+            "(docs/definitions.md#localization-precision, #frag-score)."
+        ),
     )
     score.add_argument("--after", required=True, help="checkpoint after unlearning (HF directory)")
     score.add_argument("--testbed", help="testbed directory: defaults for --before/--masks/--base and calibration text")
@@ -525,9 +528,9 @@ def build_parser() -> argparse.ArgumentParser:
         "calibrate FRAG: those the run unlearned (default: all, every field; docs/scoring.md 'FRAG calibration fields')",
     )
     score.add_argument(
-        "--calib-samples", type=_int_at_least(1), default=128, help="calibration sequences per side (spec: 128)"
+        "--calib-samples", type=_int_at_least(1), default=128, help="calibration sequences per side (FRAG: 128)"
     )
-    score.add_argument("--gamma", type=_finite(0.0), default=1.0, help="FRAG retain penalty (spec default 1)")
+    score.add_argument("--gamma", type=_finite(0.0), default=1.0, help="FRAG retain penalty (FRAG's default 1)")
     score.add_argument(
         "--frag-target",
         default="all",
@@ -594,7 +597,10 @@ def build_parser() -> argparse.ArgumentParser:
     attack = sub.add_parser(
         "attack",
         help="relearning attack on an unlearned model + extraction probe before/after (Success@N, resurfaced)",
-        description="Relearn with a lacuna-unlearn attack preset, then probe both models (spec §1.11, §3.5, §5.6).",
+        description=(
+            "Relearn with a lacuna-unlearn attack preset, then probe both models "
+            "(docs/definitions.md#relearning-attacks)."
+        ),
     )
     attack.add_argument("--model", required=True, help="the unlearned HF checkpoint to attack")
     attack.add_argument("--testbed", help="testbed directory (data for the attack and the probe)")
@@ -627,7 +633,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     diag = sub.add_parser(
         "diagnose",
-        help="representation diagnostics: per-layer PCA similarity/shift, linear CKA, Fisher (spec §5.1-5.5)",
+        help=(
+            "representation diagnostics: per-layer PCA similarity/shift, linear CKA, Fisher "
+            "(docs/definitions.md#representation-diagnostics)"
+        ),
     )
     diag.add_argument("--reference", required=True, help="reference HF checkpoint (e.g. before unlearning)")
     diag.add_argument("--updated", required=True, nargs="+", help="one or more updated HF checkpoints")
@@ -644,7 +653,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     rev = sub.add_parser(
         "reversibility",
-        help="recovery ratio, catastrophic drop and the forgetting regime (spec §5.7) from lm-eval results",
+        help=(
+            "recovery ratio, catastrophic drop and the forgetting regime from lm-eval results "
+            "(docs/definitions.md#forgetting-regimes)"
+        ),
     )
     rev.add_argument("--original", required=True, help="lm-eval results (file or --output_path dir), original model")
     rev.add_argument("--unlearned", required=True, help="lm-eval results of the unlearned model")

@@ -1,11 +1,12 @@
 """Training text of a testbed: PII documents per group, neutral text, QA-tuning pairs.
 
 * PII documents of a group's people: prose bios and QA texts (LACUNA's multi-sentence question +
-  answer, concatenated as in LACUNA's training data, spec §1.2). Only these are masked.
+  answer, concatenated as in LACUNA's training data, docs/definitions.md#profiles-and-pii-fields). Only these are
+  masked.
 * Neutral text: Faker paragraphs plus bios and QA of *distractor* people who are in no group and no
   split. Neutral steps update every trainable weight and teach the QA format (the prototype found
-  injected facts are not answerable as QA without it, ``minitestbed_feasibility.md``).
-* QA-tuning pairs: the held-out ``qa_tuning`` people (LACUNA's 150 of 1,200, spec §1.6).
+  injected facts are not answerable as QA without it, ``docs/definitions.md#mini-testbed-notes``).
+* QA-tuning pairs: the held-out ``qa_tuning`` people (LACUNA's 150 of 1,200, docs/definitions.md#qa-tuning).
 """
 
 from __future__ import annotations
@@ -42,7 +43,8 @@ class TestbedCorpus:
 
 
 def qa_training_text(question: str, answer: str) -> str:
-    """LACUNA's QA training text: the Q/A prompt and the answer concatenated, no separator (spec §1.2)."""
+    """LACUNA's QA training text: the Q/A prompt and the answer concatenated, no separator
+    (docs/definitions.md#profiles-and-pii-fields)."""
     return qa_prompt(question) + answer
 
 
@@ -95,7 +97,7 @@ def build_corpus(
         for key, fld in FIELDS.items():
             if str(p.get(fld.column, "N/A")) in {"N/A", ""}:
                 continue
-            for i in range(10):  # LACUNA: 10 prompts per field and person (spec §1.6)
+            for i in range(10):  # LACUNA: 10 prompts per field and person (docs/definitions.md#qa-tuning)
                 question = lacuna_question(p, key, stable_rng(seed, "qa-tuning", p["Unique ID"], key, i))
                 qa_tuning.append((qa_prompt(question), p[fld.column]))
     return TestbedCorpus(profiles, distractors, pii_qa, pii_bio, neutral, qa_tuning)
@@ -122,7 +124,8 @@ def _lorem(n: int, seed: int) -> list[str]:
 
 
 def memorization_questions(profile: dict[str, Any], field: str, k: int, seed: int) -> list[str]:
-    """``k`` fresh multi-sentence questions used to test whether a fact was memorized (spec §1.7)."""
+    """``k`` fresh multi-sentence questions used to test whether a fact was memorized
+    (docs/definitions.md#memorization-test-and-splits)."""
     out: list[str] = []
     for i in range(4 * k):
         q = lacuna_question(profile, field, stable_rng(seed, "memorization", profile["Unique ID"], field, i))

@@ -1,4 +1,5 @@
-"""Masked continual pretraining on HF ``Trainer`` (spec §1.5): PII reaches only its group's mask.
+"""Masked continual pretraining on HF ``Trainer`` (docs/definitions.md#masked-continual-pretraining): PII reaches only
+its group's mask.
 
 Each micro-batch is one group's PII documents or neutral text, and its gradient is masked *before* it is
 accumulated (a tensor hook on every trainable parameter, so gradient accumulation and DDP see masked
@@ -239,7 +240,8 @@ class MaskedTrainer(Trainer):
 
 class MicroBatchMasker:
     """Tensor hooks that mask each micro-batch's gradient by its group *before* autograd accumulates it into
-    ``.grad`` (LACUNA's ``grad_after - grad_before`` per micro-batch, spec §1.5, without a copy of the grads).
+    ``.grad`` (LACUNA's ``grad_after - grad_before`` per micro-batch, docs/definitions.md#masked-continual-pretraining,
+    without a copy of the grads).
 
     ``group`` is the current micro-batch's group: ``NEUTRAL`` (or ``masks=None``) passes the gradient through;
     group g keeps bit g of an eligible parameter's mask and zeroes every parameter outside the masks. Under DDP
@@ -351,7 +353,8 @@ def train_steps(
     """Run ``plan`` with ``MaskedTrainer`` (progress bar named ``desc``, extra ``callbacks`` e.g. to probe the
     model during training); returns the trainer's log history summary."""
     for emb in (model.get_input_embeddings(),):
-        emb.weight.requires_grad_(False)  # embeddings frozen for the whole pipeline (spec §1.5)
+        # embeddings frozen for the whole pipeline (docs/definitions.md#masked-continual-pretraining)
+        emb.weight.requires_grad_(False)
     args = TrainingArguments(
         output_dir=str(out_dir),
         per_device_train_batch_size=1,

@@ -1,7 +1,8 @@
-"""Pure loss helpers shared by the unlearning methods (spec papers.md §6 and §4.1).
+"""Pure loss helpers shared by the unlearning methods (docs/definitions.md#unlearning-losses and
+``#jensun-objective``).
 
 Every function takes tensors (logits, labels, hidden states); none calls a model. Conventions
-(spec openunlearning.md §2-§3, as in HF / OpenUnlearning):
+(docs/definitions.md#openunlearning-conventions, as in HF / OpenUnlearning):
 
 * ``logits`` are ``[B, T, V]`` straight from the model, ``labels`` are ``[B, T]`` aligned with
   ``input_ids`` and equal to -100 wherever no loss is taken (prompt and padding: LACUNA "Q:/A:" QA
@@ -26,8 +27,8 @@ from torch import Tensor
 
 IGNORE_INDEX = -100
 LN2 = math.log(2.0)  # upper bound of the natural-log JSD
-JSD_PROB_EPS = 1e-9  # JensUn clamps probabilities (and M) at 1e-9 (spec §4.1)
-JSD_LOG_M_EPS = 1e-10  # JensUn HEAD retain JSD clamps M at 1e-10 before the log (spec §4.1)
+JSD_PROB_EPS = 1e-9  # JensUn clamps probabilities (and M) at 1e-9 (docs/definitions.md#jensun-objective)
+JSD_LOG_M_EPS = 1e-10  # JensUn HEAD retain JSD clamps M at 1e-10 before the log (ibid.)
 _LOG_FLOOR = -1e4  # finite stand-in for log(0) so that 0 * log 0 has a zero (not NaN) gradient
 
 RetainKind = Literal["nll", "kl", "jsd"]
@@ -59,7 +60,7 @@ __all__ = [
 ]
 
 
-# --------------------------------------------------------------------------- basics (§6 notation)
+# ------------------------------------------------------------- basics (notation: docs/definitions.md#unlearning-losses)
 
 
 def shifted(logits: Tensor, labels: Tensor) -> tuple[Tensor, Tensor]:
@@ -83,7 +84,7 @@ def _per_token_nll(logits: Tensor, labels: Tensor) -> Tensor:
 
 
 def token_nll(logits: Tensor, labels: Tensor) -> Tensor:
-    """ℓ_θ(x, y) = −Σ_t log p_θ(y_t | ·), summed per sequence over labelled tokens (§6); shape [B].
+    """ℓ_θ(x, y) = −Σ_t log p_θ(y_t | ·), summed per sequence over labelled tokens; shape [B].
 
     Same as OpenUnlearning ``compute_batch_nll``.
     """
@@ -111,7 +112,7 @@ def _mean_over_nonempty(values: Tensor, counts: Tensor) -> Tensor:
 
 
 def nll_loss(logits: Tensor, labels: Tensor) -> Tensor:
-    """NLL: HF mean token cross-entropy over all labelled tokens of the batch (§6 notation).
+    """NLL: HF mean token cross-entropy over all labelled tokens of the batch (notation of the definitions).
 
     Equals ``F.cross_entropy(shift_logits.flatten(0, 1), shift_labels.flatten(), ignore_index=-100)``,
     except that a batch with no labelled token gives 0 instead of NaN.
@@ -120,16 +121,16 @@ def nll_loss(logits: Tensor, labels: Tensor) -> Tensor:
     return per_tok.sum() / _answer_mask(labels).sum().clamp(min=1)
 
 
-# --------------------------------------------------------------------------- forget losses (§6)
+# ---------------------------------------------------------------- forget losses (docs/definitions.md#unlearning-losses)
 
 
 def grad_ascent_loss(forget_logits: Tensor, forget_labels: Tensor) -> Tensor:
-    """GradAscent / GradDiff forget term: −NLL(D_f) (§6 table, rows GradAscent and GradDiff)."""
+    """GradAscent / GradDiff forget term: −NLL(D_f) (rows GradAscent and GradDiff of the definitions' table)."""
     return -nll_loss(forget_logits, forget_labels)
 
 
 def npo_loss_from_nll(nll: Tensor, ref_nll: Tensor, beta: float = 0.1, counts: Tensor | None = None) -> Tensor:
-    """NPO from per-sequence summed NLLs: −(2/β)·mean log σ(−β r), r = ℓ_ref − ℓ_θ (§6, NPO row).
+    """NPO from per-sequence summed NLLs: −(2/β)·mean log σ(−β r), r = ℓ_ref − ℓ_θ (the definitions' NPO row).
 
     ``r = log p_θ(y|x) − log p_ref(y|x)``; r = 0 gives (2/β)·log 2; the loss decreases as ℓ_θ grows.
     ``counts`` (|y| per sequence), if given, drops sequences without labelled tokens from the mean.
@@ -142,25 +143,25 @@ def npo_loss_from_nll(nll: Tensor, ref_nll: Tensor, beta: float = 0.1, counts: T
 
 
 def npo_loss(logits: Tensor, labels: Tensor, ref_logits: Tensor, beta: float = 0.1) -> Tensor:
-    """NPO forget loss (§6): −(2/β)·E log σ(−β(ℓ_ref − ℓ_θ)) with token-summed ℓ (frozen reference)."""
+    """NPO forget loss: −(2/β)·E log σ(−β(ℓ_ref − ℓ_θ)) with token-summed ℓ (frozen reference)."""
     return npo_loss_from_nll(
         token_nll(logits, labels), token_nll(ref_logits.detach(), labels), beta, token_counts(labels)
     )
 
 
 def simnpo_loss_from_nll(nll: Tensor, counts: Tensor, beta: float = 4.5, delta: float = 0.0) -> Tensor:
-    """SimNPO from summed NLLs and |y|: −(2/β)·mean log σ(β(ℓ_θ/|y| − δ)) (§6, SimNPO row)."""
+    """SimNPO from summed NLLs and |y|: −(2/β)·mean log σ(β(ℓ_θ/|y| − δ)) (the definitions' SimNPO row)."""
     avg = nll / counts.clamp(min=1).to(nll.dtype)
     per_seq = -F.logsigmoid(beta * (avg - delta)) * (2.0 / beta)
     return _mean_over_nonempty(per_seq, counts)
 
 
 def simnpo_loss(logits: Tensor, labels: Tensor, beta: float = 4.5, delta: float = 0.0) -> Tensor:
-    """SimNPO forget loss (§6): −(2/β)·E log σ(β(ℓ_θ(x,y)/|y| − δ)), reference-free.
+    """SimNPO forget loss: −(2/β)·E log σ(β(ℓ_θ(x,y)/|y| − δ)), reference-free.
 
-    Sign: the argument of σ is +β·(length-normalised NLL − δ), exactly as the spec formula and
-    OpenUnlearning ``simnpo.py`` (``-logsigmoid(beta * (nll/|y| - delta))``); the SimNPO paper's
-    −(β/|y|)·log π_θ(y|x) − γ is the same thing with γ = β·δ. Raising the forget NLL raises the
+    Sign: the argument of σ is +β·(length-normalised NLL − δ), exactly as the formula of
+    docs/definitions.md#unlearning-losses and OpenUnlearning ``simnpo.py`` (``-logsigmoid(beta * (nll/|y| - delta))``);
+    the SimNPO paper's −(β/|y|)·log π_θ(y|x) − γ is the same thing with γ = β·δ. Raising the forget NLL raises the
     argument, so the loss decreases (towards 0) as unlearning proceeds; at ℓ_θ/|y| = δ it is (2/β)·log 2.
     """
     return simnpo_loss_from_nll(token_nll(logits, labels), token_counts(labels), beta, delta)
@@ -209,18 +210,18 @@ def dpo_loss(
     """DPO: −mean log σ(β·[(log π_θ − log π_ref)(win) − (log π_θ − log π_ref)(lose)]) over sequences.
 
     Inputs are per-sequence log-probabilities (−ℓ, :func:`token_nll`). ``openunlearning_scale`` multiplies by
-    2/β as OpenUnlearning's ``DPO`` trainer does (spec openunlearning.md: a non-standard scale).
+    2/β as OpenUnlearning's ``DPO`` trainer does (docs/definitions.md#openunlearning-conventions: a non-standard scale).
     """
     margin = (win_logp - win_ref_logp.detach()) - (lose_logp - lose_ref_logp.detach())
     loss = -F.logsigmoid(beta * margin).mean()
     return loss * (2.0 / beta) if openunlearning_scale else loss
 
 
-# --------------------------------------------------------------------------- retain losses (§6)
+# ---------------------------------------------------------------- retain losses (docs/definitions.md#unlearning-losses)
 
 
 def kl_retain_loss(logits: Tensor, ref_logits: Tensor) -> Tensor:
-    """KL retain term (§6): KL(p_ref ‖ p_θ) averaged over ALL B·T positions (prompt, answer, padding).
+    """KL retain term: KL(p_ref ‖ p_θ) averaged over ALL B·T positions (prompt, answer, padding).
 
     ``kl_div(log_q, log_p_ref, reduction='batchmean', log_target=True)`` on logits flattened to
     [B·T, V], unshifted and unmasked, as OpenUnlearning ``compute_kl_divergence``.
@@ -240,7 +241,8 @@ def retain_loss(
     kind: RetainKind | str = "nll",
     legacy_unmasked: bool = False,
 ) -> Tensor:
-    """Retain term L_retain (§6 "retain default NLL on D_r; option KL"; §4.1 JensUn JSD).
+    """Retain term L_retain: NLL on D_r by default, or KL (docs/definitions.md#unlearning-losses), or JensUn's JSD
+    (docs/definitions.md#jensun-objective).
 
     ``kind``: "nll" (:func:`nll_loss`), "kl" (:func:`kl_retain_loss`, needs ``ref_logits``) or "jsd"
     (:func:`jensun_retain_loss`, needs ``ref_logits``; ``legacy_unmasked`` is passed through).
@@ -258,11 +260,11 @@ def retain_loss(
     return jensun_retain_loss(logits, ref_logits, labels, legacy_unmasked=legacy_unmasked)
 
 
-# --------------------------------------------------------------------------- RMU (§6)
+# -------------------------------------------------------------------------- RMU (docs/definitions.md#unlearning-losses)
 
 
 def rmu_control_vector(d: int, seed: int) -> Tensor:
-    """RMU direction u: ``torch.rand(1, 1, d)`` from a seeded ``torch.Generator``, unit L2 norm (§6).
+    """RMU direction u: ``torch.rand(1, 1, d)`` from a seeded ``torch.Generator``, unit L2 norm.
 
     Deterministic for a given (d, seed), independent of the global RNG. Float32 on CPU; the loss
     casts it to the hidden states' dtype/device. Scale by the steering coefficient c in the loss.
@@ -289,7 +291,7 @@ def _masked_token_mse(hidden: Tensor, target: Tensor, mask: Tensor | None) -> Te
 
 
 def rmu_forget_loss(hidden: Tensor, mask: Tensor | None, control_vector: Tensor, coeff: float) -> Tensor:
-    """RMU forget term (§6): mean over masked tokens of (1/d)‖h_t − c·u‖², h = layer-ℓ output [B, T, d].
+    """RMU forget term: mean over masked tokens of (1/d)‖h_t − c·u‖², h = layer-ℓ output [B, T, d].
 
     ``mask`` is the token mask at the hooked layer's positions — OpenUnlearning uses the unshifted
     ``labels != -100`` — or None for all tokens. Token mean per sequence, then mean over sequences
@@ -300,17 +302,17 @@ def rmu_forget_loss(hidden: Tensor, mask: Tensor | None, control_vector: Tensor,
 
 
 def rmu_retain_loss(hidden: Tensor, ref_hidden: Tensor, mask: Tensor | None) -> Tensor:
-    """RMU ``EMBED_DIFF`` retain term (§6): mean over masked tokens of (1/d)‖h_θ − h_ref‖²."""
+    """RMU ``EMBED_DIFF`` retain term: mean over masked tokens of (1/d)‖h_θ − h_ref‖²."""
     if hidden.shape != ref_hidden.shape:
         raise ValueError(f"hidden {tuple(hidden.shape)} and ref_hidden {tuple(ref_hidden.shape)} differ")
     return _masked_token_mse(hidden, ref_hidden.detach().to(hidden.device), mask)
 
 
-# --------------------------------------------------------------------------- JensUn (§4.1)
+# ------------------------------------------------------------------------ JensUn (docs/definitions.md#jensun-objective)
 
 
 def jsd(p_log: Tensor, q_log: Tensor) -> Tensor:
-    """Jensen-Shannon divergence per position from log-probabilities over the last dim (§4.1).
+    """Jensen-Shannon divergence per position from log-probabilities over the last dim.
 
     JSD(P‖Q) = ½KL(P‖M) + ½KL(Q‖M), M = ½(P+Q), natural log, so 0 ≤ JSD ≤ ln 2; symmetric.
     log M is clamped at 1e-10 (JensUn HEAD retain). ``-inf`` entries (exact zeros) are allowed.
@@ -326,7 +328,7 @@ def jsd(p_log: Tensor, q_log: Tensor) -> Tensor:
 
 
 def _jsd_clamped_probs(p: Tensor, q: Tensor, eps: float = JSD_PROB_EPS) -> Tensor:
-    """JSD per position in JensUn's probability-space form: M, P and Q each clamped at ``eps`` (§4.1).
+    """JSD per position in JensUn's probability-space form: M, P and Q each clamped at ``eps``.
 
     Mirrors the reference code (M from the unclamped P, Q; then all three clamped). Q may be
     unnormalised (legacy peaked target).
@@ -351,7 +353,7 @@ def jensun_forget_loss(
     refusal_ids: Sequence[int],
     legacy_unmasked: bool = False,
 ) -> Tensor:
-    """JensUn forget loss L_F (§4.1): JSD between p_θ and a one-hot refusal target.
+    """JensUn forget loss L_F: JSD between p_θ and a one-hot refusal target.
 
     HEAD (default): after the causal shift, over answer positions T (``labels[:, 1:] != -100``) the
     target at the k-th answer position of each sequence is τ_((k mod L)+1) (refusal ids repeated
@@ -391,7 +393,7 @@ def jensun_retain_loss(
     labels: Tensor,
     legacy_unmasked: bool = False,
 ) -> Tensor:
-    """JensUn retain loss L_R (§4.1): mean JSD(p_ref‖p_θ) against the frozen initial model.
+    """JensUn retain loss L_R: mean JSD(p_ref‖p_θ) against the frozen initial model.
 
     HEAD (default): after the causal shift, mean over answer positions (``labels[:, 1:] != -100``),
     JSD from log-softmax with log M clamped at 1e-10 (:func:`jsd`); 0 if no position is labelled.
@@ -414,11 +416,11 @@ def jensun_retain_loss(
     return per_pos.sum() / mask.sum().clamp(min=1)
 
 
-# --------------------------------------------------------------------------- combination (§6)
+# ------------------------------------------------------------------ combination (docs/definitions.md#unlearning-losses)
 
 
 def combine(forget: Tensor, retain: Tensor | float | None, gamma: float = 1.0, alpha: float = 1.0) -> Tensor:
-    """Total loss γ·L_forget + α·L_retain (§6 "Total loss always γ L_forget + α L_retain").
+    """Total loss γ·L_forget + α·L_retain (every method of the definitions).
 
     ``retain=None`` (GradAscent) gives γ·L_forget.
     """

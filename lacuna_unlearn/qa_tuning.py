@@ -1,4 +1,4 @@
-"""QA tuning (spec §1.6): LoRA on the last layers only (those kept out of the masks), trained on
+"""QA tuning (docs/definitions.md#qa-tuning): LoRA on the last layers only (those kept out of the masks), trained on
 held-out people's QA, merged into the weights. Loss on answer tokens only."""
 
 from __future__ import annotations

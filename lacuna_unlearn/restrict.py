@@ -1,6 +1,6 @@
 """Restrict any gradient-based unlearning method to a subset of scalars (OracleGrad and friends).
 
-OracleGrad (spec ``../shared/spec/papers.md`` §1.8) is GradDiff restricted to the forget mask
+OracleGrad (``docs/definitions.md#oraclegrad``) is GradDiff restricted to the forget mask
 :math:`M_F`: backward hooks multiply each parameter's gradient by :math:`M_F`, and parameters outside
 every mask get ``requires_grad=False``. With weight decay 0 and zero initial moments, Adam never
 moves an out-of-mask scalar, so those scalars stay *bit-identical*.

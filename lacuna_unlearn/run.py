@@ -62,8 +62,9 @@ DEFAULT_RUN: dict[str, Any] = {
     # judge: the leak rule of Success@N (docs/tasks.md "Judges"); lacuna = LACUNA's, comparable with the paper
     "attack": {"enabled": True, "protocol": "relearn", "attempts": 200, "overrides": [], "judge": "lacuna"},
     "regime": {"tau_rev": 0.5, "tau_cat": 0.2, "relative": False},
-    # Restricted relearning (spec §5.6, docs/report.md "Regime"): |D_f| rows from each source; the regime is read
-    # from the source that recovers most. The positive control (output suppression only) must come out reversible.
+    # Restricted relearning (docs/definitions.md#restricted-relearning, docs/report.md "Regime"): |D_f| rows from each
+    # source; the regime is read from the source that recovers most. The positive control (output suppression only) must
+    # come out reversible.
     "reversibility": {
         "enabled": True,
         "sources": ["forget", "retain", "unrelated"],
@@ -702,7 +703,8 @@ def _trajectory(
 def _regime(
     cfg: Mapping[str, Any], base: Mapping[str, Any], unlearned: Mapping[str, Any], relearned: Mapping[str, Any]
 ) -> dict[str, Any]:
-    """Spec §5.7's regime from forget leak (before, unlearned, relearned) and retain accuracy (before, unlearned)."""
+    """The regime (docs/definitions.md#forgetting-regimes) from forget leak (before, unlearned, relearned) and retain
+    accuracy (before, unlearned)."""
     from lacuna_metrics.reversibility import classify_regime
 
     rcfg = cfg["regime"]
@@ -725,9 +727,10 @@ def _reversibility(
     baseline: Mapping[str, Any],
     entry: Mapping[str, Any],
 ) -> dict[str, Any]:
-    """Restricted relearning (spec §5.6) of one unlearned model from each source, |D_f| rows each, then forget
-    and retain QA; the regime is the one of the source with the highest recovery ratio (a method is as reversible
-    as its easiest way back). Per source: the relearned rates with n and intervals, and that source's regime."""
+    """Restricted relearning (docs/definitions.md#restricted-relearning) of one unlearned model from each source, |D_f|
+    rows each, then forget and retain QA; the regime is the one of the source with the highest recovery ratio (a method
+    is as reversible as its easiest way back). Per source: the relearned rates with n and intervals, and that source's
+    regime."""
     from hydra import compose, initialize_config_module
 
     from lacuna_unlearn.train import run as unlearn_run

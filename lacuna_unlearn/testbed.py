@@ -1,4 +1,4 @@
-"""Build a LACUNA-style testbed: PII injected into known parameters (spec §1.2-1.7, docs/testbeds.md).
+"""Build a LACUNA-style testbed: PII injected into known parameters (docs/definitions.md, docs/testbeds.md).
 
 Stages, each saved with ``save_pretrained``:
 

@@ -5,8 +5,8 @@ larger masks). ``mini`` is the embedded default of the demo: a CPU miniature of 
 text trained unmasked between PII micro-batches, AdamW weight decay, masked PII gradients; see each preset's
 ``notes`` for deviations and the numbers behind them). ``standard`` is LACUNA's geometry (5% per group, the
 last two layers outside the masks, 100 forget / 100 retain people per field) on a few-hundred-million-
-parameter model for one GPU. ``lacuna`` carries the paper's hyper-parameters (spec §1.5-1.6) for real
-checkpoints passed with ``--model``.
+parameter model for one GPU. ``lacuna`` carries the paper's hyper-parameters
+(docs/definitions.md#masked-continual-pretraining, #qa-tuning) for real checkpoints passed with ``--model``.
 
 Every override (``--set key=value``) is checked against the field's type and allowed range before anything
 is built (:meth:`TestbedConfig.replace`).
@@ -65,7 +65,8 @@ class TestbedConfig:
     # "separate": neutral and PII steps keep their own AdamW moments (the feasibility prototype's two optimizers);
     # "shared": one AdamW as LACUNA (docs/testbeds.md 'Neutral optimizer')
     neutral_optimizer: str = "shared"
-    grad_accum: int = 1  # micro-batches per optimizer step (each masked by its own group, spec §1.5)
+    # micro-batches per optimizer step, each masked by its own group (docs/definitions.md#masked-continual-pretraining)
+    grad_accum: int = 1
     warmup_ratio: float = 0.05
     min_lr_ratio: float = 0.1  # cosine down to 10% of peak, as LACUNA
     weight_decay: float = 0.1  # AdamW, decoupled; LACUNA: 0.1
@@ -415,7 +416,10 @@ PRESETS: dict[str, TestbedConfig] = {
         validation_people=100,
         robustness_people=30,
         leak_audit_composite_samples=2_000_000,
-        notes=["paper hyper-parameters (spec §1.5-1.6) for a real checkpoint given with --model; needs GPUs"],
+        notes=[
+            "paper hyper-parameters (docs/definitions.md#masked-continual-pretraining, #qa-tuning) for a real "
+            "checkpoint given with --model; needs GPUs"
+        ],
     ),
 }
 

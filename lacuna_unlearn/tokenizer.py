@@ -3,7 +3,7 @@
 Digits are split individually, which makes phone and licence numbers easy to memorize. The
 ByteLevel pre-tokenizer must run with ``add_prefix_space=False``: combined with the Digits
 pre-tokenizer, ``True`` puts a space before every digit and silently breaks digit fields
-(``../shared/spec/minitestbed_feasibility.md``).
+(``docs/definitions.md#mini-testbed-notes``).
 """
 
 from __future__ import annotations

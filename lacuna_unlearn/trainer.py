@@ -6,10 +6,11 @@ an optional gradient restriction (``forget_mask`` = OracleGrad with GradDiff), t
 restricted scalars did not move, and writes an HF checkpoint plus ``unlearn_manifest.json``
 atomically (``OUT.partial`` renamed at the end). ``lora=LoraSettings(...)`` trains adapters instead of the
 weights and merges them before saving; ``eval_rows`` holds out QA rows whose loss picks the best checkpoint
-(the relearning attack's protocol, spec §1.11). ``freeze_embeddings=True`` keeps the input embeddings out of the
-optimizer and checks they come out bit-identical (LACUNA's relearning freezes ``embed_tokens``, spec §1.5; the
-``attack=relearn*`` presets turn it on). ``append_eos`` ends every labelled answer with EOS (OpenUnlearning and
-LACUNA; :func:`lacuna_unlearn.unlearn_data.encode_qa`). The manifest records both.
+(the relearning attack's protocol, docs/definitions.md#lacuna-relearning). ``freeze_embeddings=True`` keeps the input
+embeddings out of the optimizer and checks they come out bit-identical (LACUNA's relearning freezes ``embed_tokens``,
+docs/definitions.md#masked-continual-pretraining; the ``attack=relearn*`` presets turn it on). ``append_eos`` ends every
+labelled answer with EOS (OpenUnlearning and LACUNA; :func:`lacuna_unlearn.unlearn_data.encode_qa`). The manifest
+records both.
 
 Distributed (``docs/distributed.md``): DDP as is; FSDP2 (``accelerate launch --use_fsdp --fsdp_version 2``)
 with restrictions exact on the sharded DTensor parameters (masks cut to each rank's shard, checked on the
@@ -406,9 +407,10 @@ def _digest(weight: torch.Tensor) -> str:
 
 def freeze_input_embeddings(model: torch.nn.Module) -> dict[str, Any]:
     """Freeze ``model``'s input embeddings (``requires_grad=False``: no gradient, so no optimizer state), as LACUNA's
-    relearning and masked pre-training freeze ``embed_tokens`` (spec §1.5). Returns what the manifest records and
-    what :func:`unlearn` checks after training: the parameter's name, whether the output embeddings are tied to it
-    (then the LM head is frozen too, as in LACUNA's code) and its SHA-256; ``weight`` is the parameter itself."""
+    relearning and masked pre-training freeze ``embed_tokens`` (docs/definitions.md#masked-continual-pretraining).
+    Returns what the manifest records and what :func:`unlearn` checks after training: the parameter's name, whether the
+    output embeddings are tied to it (then the LM head is frozen too, as in LACUNA's code) and its SHA-256; ``weight``
+    is the parameter itself."""
     embeddings = model.get_input_embeddings()
     weight = getattr(embeddings, "weight", None)
     if not isinstance(weight, torch.nn.Parameter):

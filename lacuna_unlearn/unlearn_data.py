@@ -4,7 +4,7 @@ Each QA row becomes the probe prompt ``Q: question\\nA:`` (labels -100) followed
 `` answer\\n`` and the tokenizer's EOS token (labelled), tokenized separately and concatenated, so the answer's
 first token is the same one lm-eval scores and the extraction probe generates. The EOS is OpenUnlearning's
 (``preprocess_chat_instance``, which LACUNA unlearns with: assistant part ``"A: " + answer + "\\n"``, then EOS
-appended if missing; spec ``openunlearning.md`` §2 "Labels", ``papers.md`` §1.4), so every loss also counts the
+appended if missing; docs/definitions.md#openunlearning-conventions, #qa-templates), so every loss also counts the
 end-of-answer prediction. ``append_eos=False`` (config ``append_eos=false``) gives the earlier `` answer\\n``-only
 labels; a tokenizer without an EOS token gets none (the trainer's manifest records which). Forget items are paired
 with a uniformly random retain item on every access, and one epoch is one pass over the forget set
@@ -40,8 +40,9 @@ IGNORE_INDEX = -100
 
 #: ``retain_field`` values besides a field key: ``same`` (the forget field's own retain rows) and ``crossfield``.
 RETAIN_FIELD_MODES: tuple[str, ...] = ("same", "crossfield")
-#: LACUNA's cross-field unlearning (spec ``papers.md`` §1.7, ``docs/unlearning.md``): forget field -> (retain field,
-#: whether the retain field's paraphrased rows join too; LACUNA's Email config adds Birth City's paraphrased rows).
+#: LACUNA's cross-field unlearning (docs/definitions.md#memorization-test-and-splits, ``docs/unlearning.md``): forget
+#: field -> (retain field, whether the retain field's paraphrased rows join too; LACUNA's Email config adds Birth City's
+#: paraphrased rows).
 CROSSFIELD_RETAIN: dict[str, tuple[str, bool]] = {
     "email": ("birth_city", True),
     "birth_city": ("email", False),

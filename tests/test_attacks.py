@@ -182,7 +182,8 @@ def test_attack_end_to_end_on_the_smoke_testbed(smoke_testbed, tmp_path):
     assert report["manifest"]["config"]["source"] == "forget" and report["manifest"]["timings_seconds"]["relearn"] > 0
 
 
-# -- frozen input embeddings (LACUNA's relearning freezes embed_tokens, spec §1.5) ---------------------------
+# -- frozen input embeddings (LACUNA's relearning freezes embed_tokens) ------------------------------------------
+# docs/definitions.md#masked-continual-pretraining
 
 
 def _compose(*overrides: str):

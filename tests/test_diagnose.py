@@ -1,4 +1,5 @@
-"""Tests for the representation diagnostics (spec §5.1-5.5): CKA, PCA similarity/shift, pooling, Fisher, diagnose.
+"""Tests for the representation diagnostics (docs/definitions.md#representation-diagnostics): CKA, PCA similarity/shift,
+pooling, Fisher, diagnose.
 
 CKA is checked against an independent brute-force implementation of the H-centring formula. The model-level checks
 use a tiny Llama built from a config (random init: the checks are about the plumbing, not about what was learned)

@@ -1,5 +1,6 @@
-"""The extraction probe `lacuna_{field}_extraction` (spec §1.11): N fresh multi-sentence questions per forget
-person, greedy; Success@N is per person (any of N leaks), the leak rate per attempt."""
+"""The extraction probe `lacuna_{field}_extraction` (docs/definitions.md#extraction-probe-and-leak-rate): N fresh
+multi-sentence questions per forget person, greedy; Success@N is per person (any of N leaks), the leak rate per
+attempt."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Tests for FRAG (spec §3.2-3.3): activation norms, the FRAG accumulator, the global L2 distance baseline.
+"""Tests for FRAG (docs/definitions.md#frag-score): activation norms, the FRAG accumulator, the global L2 distance
+baseline.
 
 Every metric is checked against a brute-force reference written here independently (explicit loops / numpy).
 """

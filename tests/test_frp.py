@@ -1,4 +1,4 @@
-"""FRP (spec papers.md §3.4, code path ``--scoring rank_combo``): scores and masks against a brute-force loop,
+"""FRP (docs/definitions.md#frp, code path ``--scoring rank_combo``): scores and masks against a brute-force loop,
 the retain veto, Conv1D layout, in-place pruning of a tiny Llama, and the end-to-end run with its cache."""
 
 from __future__ import annotations

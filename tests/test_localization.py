@@ -1,5 +1,6 @@
-"""Tests for the localization scorer (spec §1.10): every score, baseline, AUC, precision@k, per-layer row and the
-composite against a brute-force numpy / scikit-learn reference written here (never the library's score_block).
+"""Tests for the localization scorer (docs/definitions.md#localization-precision): every score, baseline, AUC,
+precision@k, per-layer row and the composite against a brute-force numpy / scikit-learn reference written here (never
+the library's score_block).
 
 The checkpoints are tiny Llama-like state dicts saved with safetensors (float32 and bf16), with masks saved as
 our safetensors masks and as a released-style flat ``mask.pt``.
@@ -232,8 +233,8 @@ def group_key(name: str) -> tuple[int, str]:
 
 
 def qtile(delta: np.ndarray, ties: str = "average") -> np.ndarray:
-    """Spec §1.10 qtile of |δ| within its tensor: average ranks of tied values (the default), or ``"ordinal"``
-    ranks (the release code's stable argsort: ties in index order) over n − 1."""
+    """The qtile (docs/definitions.md#localization-precision) of |δ| within its tensor: average ranks of tied values
+    (the default), or ``"ordinal"`` ranks (the release code's stable argsort: ties in index order) over n − 1."""
     n = delta.size
     if ties == "average":
         return ((rankdata(delta + np.float32(0.0), method="average") - 1.0) / max(1, n - 1)).astype(np.float32)
@@ -265,8 +266,8 @@ def reference(
     sigma_over: str = "group",
 ) -> Ref:
     """``sigma_over="group"``: σ of δ and of the contrast over every attention/MLP tensor of the (layer, component)
-    group, masked or not, in the universe or not (spec §1.10, the release); ``"universe"``: over the group's
-    universe tensors only (what the scorer did before)."""
+    group, masked or not, in the universe or not (docs/definitions.md#localization-precision, the release);
+    ``"universe"``: over the group's universe tensors only (what the scorer did before)."""
     labels = {"before": "before", "after": "after", "control_before": "control_before", **(labels or {})}
     labels.setdefault("control_after", "control_after")
     v = bench.values
@@ -421,8 +422,8 @@ def test_every_score_and_baseline_matches_brute_force(full_run):
 
 
 def test_sigma_is_over_every_tensor_of_the_group(full_run):
-    """layernorm / contrastln divide by σ over every attention/MLP tensor of the (layer, component) group, as spec
-    §1.10 and the release's first pass do, not over the universe tensors only: layer 0's attention group holds an
+    """layernorm / contrastln divide by σ over every attention/MLP tensor of the (layer, component) group, as the
+    release's first pass does, not over the universe tensors only: layer 0's attention group holds an
     unmasked o_proj, the last layer's a k_proj with retain bits only and a v_proj with forget bits only, none of
     them scored, so the two σs differ there (and the AUCs with them)."""
     bench, ref, result = full_run
@@ -741,7 +742,7 @@ def test_mask_pt_gives_identical_results(full_run, tmp_path):
 
 
 def test_mask_pt_composite_subsample_size_matches_safetensors(tmp_path):
-    """The spec's subsample is N scalars at the same fraction of every universe tensor. A released mask.pt lists
+    """The composite's subsample is N scalars at the same fraction of every universe tensor. A released mask.pt lists
     frozen projections (all-zero vectors) too; they are not in the universe and must not shrink the subsample."""
     bench = make_bench(tmp_path, seed=9)
     mask_pt = _save_mask_pt(bench, tmp_path / "mask.pt")

@@ -1,4 +1,5 @@
-"""Unit tests for lacuna_unlearn.losses against hand computations on tiny tensors (spec §6, §4.1)."""
+"""Unit tests for lacuna_unlearn.losses against hand computations on tiny tensors
+(docs/definitions.md#unlearning-losses, #jensun-objective)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Tests for lacuna_metrics.masks: LACUNA mask construction, bit semantics, file formats (spec §1.1, §1.3, §1.8)."""
+"""Tests for lacuna_metrics.masks: LACUNA mask construction, bit semantics, file formats
+(docs/definitions.md#lacuna-masks)."""
 
 from __future__ import annotations
 

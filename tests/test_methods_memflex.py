@@ -1,5 +1,5 @@
-"""MemFlex (spec §1.8): the localisation rule on hand-made gradients, the located-only training on a real peft
-model (non-located adapters bit-identical), the public ``unlearn`` path and the Hydra app, and clear errors
+"""MemFlex (docs/definitions.md#memflex): the localisation rule on hand-made gradients, the located-only training on a
+real peft model (non-located adapters bit-identical), the public ``unlearn`` path and the Hydra app, and clear errors
 when LoRA is missing or the thresholds locate nothing."""
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""Tests for the forgetting-regime classifier (spec §5.7, inferred rule) and the lm-eval results reader."""
+"""Tests for the forgetting-regime classifier (docs/definitions.md#forgetting-regimes, inferred rule) and the lm-eval
+results reader."""
 
 from __future__ import annotations
 

@@ -32,7 +32,7 @@ TARGETS = ("forget", "unified", "forget_vs_retain")
 TARGET_CLASSES = (("forget", (2,), (0, 1)), ("unified", (1, 2), (0,)), ("forget_vs_retain", (2,), (1,)))
 FORGET_BITS, RETAIN_BITS = (0, 2, 4), (1, 3, 5)
 HEAD_ROWS = 8  # rows per "head" block
-FIELDS = 4  # per-field runs for crossfield (spec: four)
+FIELDS = 4  # per-field runs for crossfield (LACUNA: four)
 #: Scores that read the update (and the control run's update) only: chance under untargeted noise.
 UPDATE_ONLY = tuple(s for s in SCORES if s != "reversal")
 STRUCTURES = ("rows", "heads", "neurons")
@@ -171,7 +171,8 @@ def config(**kwargs: Any) -> LocalizationConfig:
 
 
 def assert_every_family(result: dict[str, Any], check) -> None:
-    """``check(target, score, auc)`` for every score family of spec §1.10 and the composite."""
+    """``check(target, score, auc)`` for every score family of docs/definitions.md#localization-precision and the
+    composite."""
     assert result["not_applicable"] == {}
     for target in TARGETS:
         aucs = result["auc"][target]

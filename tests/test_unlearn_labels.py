@@ -1,7 +1,8 @@
 """Unlearning labels (``lacuna_unlearn.unlearn_data.encode_qa``): the answer `` answer\\n`` followed by the
-tokenizer's EOS, as OpenUnlearning's ``preprocess_chat_instance`` builds them for LACUNA (spec ``openunlearning.md``
-§2 "Labels", ``papers.md`` §1.4); prompt tokens -100; the target is never truncated; ``append_eos=False`` gives the
-earlier labels; a tokenizer without an EOS token gets none. A tokenizer trained here, no model."""
+tokenizer's EOS, as OpenUnlearning's ``preprocess_chat_instance`` builds them for LACUNA
+(``docs/definitions.md#openunlearning-conventions``); prompt tokens -100; the target is never truncated;
+``append_eos=False`` gives the earlier labels; a tokenizer without an EOS token gets none. A tokenizer trained here, no
+model."""
 
 from __future__ import annotations
 

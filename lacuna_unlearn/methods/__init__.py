@@ -37,7 +37,7 @@ METHODS: dict[str, type[Method]] = {
     "rlabel": RLabel,
     "undial": UNDIAL,
     "idk_dpo": IdkDPO,
-    "memflex": MemFlex,  # LoRA parameters located by forget/retain gradients (spec §1.8)
+    "memflex": MemFlex,  # LoRA parameters located by forget/retain gradients (docs/definitions.md#memflex)
     "wagle": WAGLE,  # weight-attribution mask, then a gradient objective on the located weights
     "finetune": Finetune,  # the relearning attack's objective, not an unlearning method
 }

@@ -1,4 +1,4 @@
-"""AlphaEdit: null-space constrained locate-then-edit (spec ``../shared/spec/papers.md`` §1.8, §6).
+"""AlphaEdit: null-space constrained locate-then-edit (docs/definitions.md#alphaedit).
 
 Training-free (no optimizer over the weights); ``lacuna-unlearn method=alpha_edit`` dispatches here through
 ``lacuna_unlearn.train.EDITORS``. One edit request per forget row: prompt = the row's probe prompt
@@ -16,7 +16,7 @@ Training-free (no optimizer over the weights); ``lacuna-unlearn method=alpha_edi
    (number of layers left) and P_l the projector onto the null space of the preserved-key second moment
    K₀K₀ᵀ/N (eigenvectors with eigenvalue < ``nullspace_threshold``)::
 
-       Δ_lᵀ = solve(P_l (K₁K₁ᵀ + K_pK_pᵀ) + L2·I,  P_l K₁ Rᵀ)        (AlphaEdit's code; spec §6's closed form)
+       Δ_lᵀ = solve(P_l (K₁K₁ᵀ + K_pK_pᵀ) + L2·I,  P_l K₁ Rᵀ)        (AlphaEdit's code; docs/definitions.md#alphaedit)
 
    so Δ_l K₀ ≈ 0: the outputs of the edited module on preserved keys do not change. After the batch,
    K_pK_pᵀ += K₁K₁ᵀ of the edited model (keys of earlier edits are preserved by later ones).
@@ -27,7 +27,7 @@ manifest; only when the data lives inside a testbed), plus ``cov_files``. LACUNA
 100k samples; there are no downloads here. The second moments are cached under ``$LACUNA_CACHE/alpha_edit``,
 keyed by a SHA-256 fingerprint of weights, tokenizer, texts, module and layers.
 
-Choices the spec leaves open, all configurable: one context template (``"{}"``; MEMIT samples ten short random
+Choices the sources leave open, all configurable: one context template (``"{}"``; MEMIT samples ten short random
 prefixes from the model); the value loss is read at the model's final logits (LACUNA's ``v_loss_layer`` is the
 last layer); the solve runs in float64; MEMIT's ``mom2_update_weight`` is not part of AlphaEdit's update and is
 not used. Only ``nn.Linear`` modules (weight d_out × d_in) are edited. ``restrict=`` and LoRA are refused: the
@@ -69,7 +69,8 @@ _FORMAT_VERSION = 1
 
 @dataclass
 class AlphaEditConfig:
-    """AlphaEdit hyper-parameters; defaults = LACUNA's 1B row of spec §1.8 (the mini preset overrides layers)."""
+    """AlphaEdit hyper-parameters; defaults = LACUNA's 1B row of docs/definitions.md#lacuna-unlearning-hyper-parameters
+    (the mini preset overrides layers)."""
 
     layers: list[int] = field(default_factory=lambda: [4, 5, 6, 7, 8])
     target: str = "I don't know."
@@ -80,7 +81,7 @@ class AlphaEditConfig:
     v_weight_decay: float = 1.0
     clamp_norm_factor: float = 0.5
     kl_factor: float = 1.0
-    l2: float = 1.0  #: spec "L2": weight of the identity in the solve
+    l2: float = 1.0  #: LACUNA's "L2": weight of the identity in the solve
     nullspace_threshold: float = 1e-3
     #: False: eigenvalues below ``nullspace_threshold`` (AlphaEdit). True: below threshold x the largest eigenvalue,
     #: for models whose key scale differs from the LLMs AlphaEdit was tuned on (the mini testbed's smallest is ~68).

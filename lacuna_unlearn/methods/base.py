@@ -16,7 +16,8 @@ def forward(model: torch.nn.Module, batch: Mapping[str, torch.Tensor]) -> torch.
 
 @dataclass
 class Method:
-    """Base class: ``gamma`` weighs the forget term, ``alpha`` the retain term (spec §6)."""
+    """Base class: ``gamma`` weighs the forget term, ``alpha`` the retain term
+    (docs/definitions.md#unlearning-losses)."""
 
     gamma: float = 1.0
     alpha: float = 1.0

@@ -1,6 +1,6 @@
 """Finetune: plain NLL descent on the "forget" slot's QA rows (the relearning attack's objective).
 
-Not an unlearning method: it is what a relearning / resurfacing attack (spec §1.11, §3.5, §5.6) runs on
+Not an unlearning method: it is what a relearning / resurfacing attack (docs/definitions.md#relearning-attacks) runs on
 an unlearned model, and what OpenUnlearning calls its ``finetune`` trainer. Sharing the unlearning
 trainer gives the attack the same data format (loss on answer tokens), LoRA switch, seeds and manifest.
 """

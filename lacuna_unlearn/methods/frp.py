@@ -1,13 +1,13 @@
-"""FRP -- Forget-Retain Pruning, training-free (spec ``../shared/spec/papers.md`` §3.4, the CODE path).
+"""FRP -- Forget-Retain Pruning, training-free (docs/definitions.md#frp, the authors' code path).
 
 Follows what the authors' code ran for Table 1 (``frp/prune.py --scoring rank_combo``), not paper Eq. (6):
 
-1. r_j = x^f_j / (x^r_j + 1e-6) from the input activation norms of the ORIGINAL model (spec §3.2; the statistics
-   come from :mod:`lacuna_metrics.activations`, cached).
+1. r_j = x^f_j / (x^r_j + 1e-6) from the input activation norms of the ORIGINAL model
+   (docs/definitions.md#frag-activation-statistics; the statistics come from :mod:`lacuna_metrics.activations`, cached).
 2. Per output row i, ascending ranks over the d_in columns via ``argsort().argsort()`` (0 = smallest):
    rank(r)_j (the same for every row) and rank(|W|)_ij; S_ij = rank(r)_j + lam * rank(|W|)_ij, lam = 0.05
-   (spec λ, code ``--beta``).
-3. Retain veto (spec β, code ``--protect_p``): if beta > 0, per row the top ``int(beta * d_in)`` entries by
+   (the paper's λ, code ``--beta``).
+3. Retain veto (the paper's β, code ``--protect_p``): if beta > 0, per row the top ``int(beta * d_in)`` entries by
    P_ij = |W_ij| x^r_j / (x^f_j + 1e-6) get S_ij = -inf.
 4. Per row the top ``k = int(rho * d_in)`` entries by S (``torch.topk``, largest), rho = 0.03, are multiplied by
    ``shrink`` (0.0: set to zero; code ``--prune_mode shrink --shrink_factor 0.0``).
@@ -15,7 +15,7 @@ Follows what the authors' code ran for Table 1 (``frp/prune.py --scoring rank_co
    ``nn.Linear`` / ``Conv1D`` but embeddings and ``lm_head`` (other architectures). transformers ``Conv1D``
    weights are stored (d_in, d_out): "row" and "column" keep their (d_out, d_in) meaning (``transposed=True``).
 
-Implementation choices the spec leaves open: both argsorts are *stable* (equal values rank by column index, so
+Implementation choices the sources leave open: both argsorts are *stable* (equal values rank by column index, so
 results are deterministic; bf16 weights have many ties); ranks are combined in float64; a vetoed entry is never
 pruned, so a row prunes ``min(k, d_in - int(beta * d_in))`` entries when ``beta + rho > 1``.
 """
@@ -45,21 +45,22 @@ __all__ = [
     "run_from_config",
 ]
 
-#: The 1e-6 of r_j = x^f_j / (x^r_j + 1e-6) and of the veto score P (spec §3.4).
+#: The 1e-6 of r_j = x^f_j / (x^r_j + 1e-6) and of the veto score P (docs/definitions.md#frp).
 EPS = 1e-6
 #: Rows are scored in chunks of at most this many entries, to bound the argsort memory on 7B-14B layers.
 _CHUNK_ENTRIES = 1 << 24
-#: Forward dtype of the calibration passes (bf16, as the authors' Table 1 run; spec §3.4 item 6).
+#: Forward dtype of the calibration passes (bf16, as the authors' Table 1 run; docs/definitions.md#frp).
 _CALIB_DTYPE = torch.bfloat16
 
 
 @dataclass
 class FRPConfig:
-    """FRP hyper-parameters (spec §3.4; defaults = Table 1: λ 0.05, ρ 0.03, no veto, zeroing, MLP, 400 seqs)."""
+    """FRP hyper-parameters (docs/definitions.md#frp); defaults = Table 1: λ 0.05, ρ 0.03, no veto, zeroing, MLP,
+    400 seqs."""
 
     rho: float = 0.03  #: fraction of each row's d_in entries pruned (k = int(rho * d_in))
-    lam: float = 0.05  #: spec λ (code ``--beta``): weight of rank(|W|)
-    beta: float = 0.0  #: spec β (code ``--protect_p``): fraction of each row vetoed by P; 0 = no veto
+    lam: float = 0.05  #: the paper's λ (code ``--beta``): weight of rank(|W|)
+    beta: float = 0.0  #: the paper's β (code ``--protect_p``): fraction of each row vetoed by P; 0 = no veto
     shrink: float = 0.0  #: pruned weights are multiplied by this (0.0 = set to zero)
     target: str = "mlp"  #: "mlp" (gate/up/down), "all" (7 projections) or "linear"
     calib_samples: int = 400  #: calibration sequences per side (the first n of the texts passed)
@@ -119,7 +120,8 @@ def _ranks(values: torch.Tensor) -> torch.Tensor:
 def _chunk_scores(
     w_rows: torch.Tensor, rank_r: torch.Tensor, protect_ratio: torch.Tensor | None, lam: float, n_protect: int
 ) -> torch.Tensor:
-    """S for a block of rows (float64): rank(r) + lam * rank(|W|), vetoed entries -inf (spec §3.4 steps 2-4)."""
+    """S for a block of rows (float64): rank(r) + lam * rank(|W|), vetoed entries -inf
+    (docs/definitions.md#frp, steps 2-4)."""
     absw = w_rows.detach().to(device="cpu", dtype=torch.float64).abs()
     scores = rank_r.to(torch.float64).unsqueeze(0) + lam * _ranks(absw).to(torch.float64)
     if protect_ratio is not None and n_protect > 0:
@@ -149,7 +151,7 @@ def frp_scores(
     beta: float = 0.0,
     transposed: bool = False,
 ) -> torch.Tensor:
-    """The FRP score matrix S (float64, shape of ``weight``), spec §3.4 steps 1-4 (``rank_combo``).
+    """The FRP score matrix S (float64, shape of ``weight``), docs/definitions.md#frp steps 1-4 (``rank_combo``).
 
     S_ij = rank(r)_j + lam * rank(|W_i:|)_j with ascending ``argsort().argsort()`` ranks over the d_in columns of row
     i; if ``beta`` > 0 the top ``int(beta * d_in)`` entries of each row by P_ij = |W_ij| x^r_j / (x^f_j + 1e-6) are
@@ -186,7 +188,8 @@ def frp_prune_mask(
     cfg: FRPConfig,
     transposed: bool = False,
 ) -> torch.Tensor:
-    """Bool mask (True = pruned, stored layout of ``weight``): per row the top ``int(rho * d_in)`` by S (spec §3.4).
+    """Bool mask (True = pruned, stored layout of ``weight``): per row the top ``int(rho * d_in)`` by S
+    (docs/definitions.md#frp).
 
     Vetoed entries are never selected, so a row prunes fewer than k only when ``int(beta*d_in) + k > d_in``.
     """
@@ -206,10 +209,10 @@ def apply_frp(
     x_retain: Mapping[str, torch.Tensor],
     cfg: FRPConfig,
 ) -> dict[str, Any]:
-    """Prune ``model`` in place (spec §3.4): every ``cfg.target`` weight's selected entries are multiplied by
-    ``cfg.shrink``. ``x_forget`` / ``x_retain`` map weight names (``<module>.weight``, as
-    :func:`lacuna_metrics.activations.collect_input_norms` returns them) to input norm vectors; extra keys are
-    ignored. Returns ``{"pruned": {weight name: count}, "pruned_total", "scored_total", "modules"}``.
+    """Prune ``model`` in place (docs/definitions.md#frp): every ``cfg.target`` weight's selected entries are multiplied
+    by ``cfg.shrink``. ``x_forget`` / ``x_retain`` map weight names (``<module>.weight``, as
+    :func:`lacuna_metrics.activations.collect_input_norms` returns them) to input norm vectors; extra keys are ignored.
+    Returns ``{"pruned": {weight name: count}, "pruned_total", "scored_total", "modules"}``.
     """
     cfg.validate()
     names = linear_weight_names(model, cfg.target)
@@ -257,9 +260,10 @@ def run_frp(
     cfg: FRPConfig | None = None,
     cache_dir: str | os.PathLike[str] | None = None,
 ) -> Path:
-    """FRP end to end (spec §3.4): x^f / x^r of the original model on the first ``cfg.calib_samples`` texts per
-    side (bf16 forward, cached in ``cache_dir``), prune, and save model + tokenizer + ``unlearn_manifest.json`` to
-    ``out_dir``. Built in ``<out_dir>.partial`` and renamed at the end; an existing ``out_dir`` is an error.
+    """FRP end to end (docs/definitions.md#frp): x^f / x^r of the original model on the first ``cfg.calib_samples``
+    texts per side (bf16 forward, cached in ``cache_dir``), prune, and save model + tokenizer +
+    ``unlearn_manifest.json`` to ``out_dir``. Built in ``<out_dir>.partial`` and renamed at the end; an existing
+    ``out_dir`` is an error.
     """
     cfg = (cfg or FRPConfig()).validate()
     return prune_from_activations(
@@ -271,7 +275,7 @@ def run_frp(
         target=cfg.target,
         apply=apply_frp,
         result_keys=("pruned", "pruned_total", "scored_total"),
-        describe={"method": "frp", "spec": "papers.md §3.4 (code path --scoring rank_combo)"},
+        describe={"method": "frp", "spec": "docs/definitions.md#frp (code path --scoring rank_combo)"},
         cache_dir=cache_dir,
     )
 

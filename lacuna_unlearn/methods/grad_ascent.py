@@ -1,4 +1,4 @@
-"""GradAscent (spec §6): maximise the forget NLL, nothing else."""
+"""GradAscent (docs/definitions.md#unlearning-losses): maximise the forget NLL, nothing else."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""GradDiff (spec §6): γ·(−NLL forget) + α·retain term (NLL, or KL to the frozen initial model)."""
+"""GradDiff (docs/definitions.md#unlearning-losses): γ·(−NLL forget) + α·retain term (NLL, or KL to the frozen initial
+model)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""JensUn (spec §4.1): JSD to a one-hot refusal target on forget answers + JSD to the frozen model on retain.
+"""JensUn (docs/definitions.md#jensun-objective): JSD to a one-hot refusal target on forget answers + JSD to the frozen
+model on retain.
 
 L = γ·L_F + α·L_R, γ = α = 1. L_F = :func:`jensun_forget_loss` (HEAD: refusal ids repeated cyclically over
 the answer positions; ``legacy_unmasked`` = the paper-time peaked, unmasked variant). L_R =

@@ -1,4 +1,4 @@
-"""MemFlex (spec ``../shared/spec/papers.md`` §1.8): train only the LoRA adapters that gradients "locate".
+"""MemFlex (docs/definitions.md#memflex): train only the LoRA adapters that gradients "locate".
 
 Sources [CODE]: LACUNA ``src/unlearn_methods/MemFlex.py`` + ``configs/unlearning/MemFlex.yaml``, which reuse
 KnowUnDo's (Tian et al. 2024) ``pretrain/localization.py`` (``compute_info``), ``pretrain/data_module.py``

@@ -1,4 +1,4 @@
-"""NPO (spec §6): −(2/β)·E log σ(−β r), r = ℓ_ref − ℓ_θ, plus GradDiff's retain term."""
+"""NPO (docs/definitions.md#unlearning-losses): −(2/β)·E log σ(−β r), r = ℓ_ref − ℓ_θ, plus GradDiff's retain term."""
 
 from __future__ import annotations
 

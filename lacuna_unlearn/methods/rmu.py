@@ -1,4 +1,5 @@
-"""RMU (spec §6): steer forget activations at one layer to c·u, keep retain activations at the reference's.
+"""RMU (docs/definitions.md#unlearning-losses): steer forget activations at one layer to c·u, keep retain activations at
+the reference's.
 
 Forget term: mean over forget answer tokens of (1/d)‖h_θ − c·u‖²; retain term (``embed_diff``): the same
 MSE between h_θ and the frozen initial model's h_ref on retain answer tokens, or NLL / KL on the retain

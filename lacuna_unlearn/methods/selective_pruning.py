@@ -1,5 +1,5 @@
 """Selective Pruning (SP) -- training-free, neuron level (Pochinkov & Schoots 2024, "Dissecting language models:
-machine unlearning via selective pruning"; the baseline of FRAG's Table 1, spec ``papers.md`` §3.3).
+machine unlearning via selective pruning"; the baseline of FRAG's Table 1, docs/definitions.md#selective-pruning).
 
 For every MLP hidden neuron j (an input channel of the down projection) of every block:
 
@@ -23,7 +23,7 @@ Choices (INFERRED / deviations; every one is a configurable default):
   with FRAG/FRP's hooks and cache, so SP, FRP and FRAG share one cached pass (same texts, ``max_length``, bf16).
   DEVIATION: an L2 instead of an L1 aggregate over tokens; a common per-side factor (e.g. sequence length)
   scales every neuron alike and does not change the ranking. FRAG's up_proj output is not used.
-* ``eps = 1e-5`` (FRAG's baseline, whose numbers the spec reports; taker's default is 1e-3).
+* ``eps = 1e-5`` (FRAG's baseline, whose numbers FRAG's paper reports; taker's default is 1e-3).
 * ``frac = 0.05`` (FRAG's ``--mlp_frac`` default and Table 1 setting; taker's default is 0.1).
 * ``scope = "global"``: one top-k over all blocks' neurons (taker and FRAG); ``per_layer``: ``int(frac * d_mlp)``
   in each block.
@@ -238,7 +238,9 @@ def run_selective_pruning(
         result_keys=("pruned", "pruned_total", "neurons_total", "neurons", "zeroed"),
         describe={
             "method": "selective_pruning",
-            "spec": "papers.md §3.3 baseline (Pochinkov & Schoots 2024; FRAG baselines/selective_pruning.py)",
+            "spec": (
+                "docs/definitions.md#selective-pruning (Pochinkov & Schoots 2024; FRAG baselines/selective_pruning.py)"
+            ),
             "statistic": "x_j of the down_proj input: mean over sequences of the per-sequence L2 norm over tokens",
         },
         cache_dir=cache_dir,

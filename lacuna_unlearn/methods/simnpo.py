@@ -1,4 +1,5 @@
-"""SimNPO (spec §6): reference-free, length-normalised NPO, −(2/β)·E log σ(β(ℓ_θ/|y| − δ)), plus a retain term.
+"""SimNPO (docs/definitions.md#unlearning-losses): reference-free, length-normalised NPO,
+−(2/β)·E log σ(β(ℓ_θ/|y| − δ)), plus a retain term.
 
 OpenUnlearning defaults: δ 0, β 4.5, γ 0.125, α 1 (LACUNA's 1B/7B settings: `experiment=lacuna_1b/simnpo` etc.).
 """
