@@ -87,7 +87,8 @@ def print_tables(out: Path, manifest: dict[str, Any]) -> None:
             )
     robustness = manifest.get("robustness")
     if robustness:
-        print("\nrobustness before unlearning (16 paraphrase probes, 16 ICR probes per person):")
+        k = robustness.get("probes_per_person", 16)
+        print(f"\nrobustness before unlearning ({k} paraphrase probes, {k} ICR probes per person):")
         print("| split | field | people | J_P | J_ICR | paraphrase acc | ICR acc |")
         print("|---|---|---|---|---|---|---|")
         for split in ("forget", "retain", "retain_eval"):
