@@ -396,6 +396,9 @@ def _field_table(entry: dict[str, Any], trivial: dict[str, Any], attempts: Any) 
 SEED_COLUMNS = (
     ("forget leak", "behaviour.forget_leak"),
     ("retain acc", "behaviour.retain_accuracy"),
+    ("held-out retain acc", "behaviour.retain_eval_accuracy"),
+    ("cross-field acc", "behaviour.crossfield_accuracy"),
+    ("neutral ppl ratio", "behaviour.neutral_ppl_ratio"),
     ("J_W", "behaviour.j_w"),
     ("forget EM", "behaviour.em"),
     ("AUC(F) calibrated", "auc.forget.calibrated_best"),
@@ -424,12 +427,13 @@ def _seed_table(entry: dict[str, Any]) -> list[str]:
         f"Mean ± sd over {len(seeds)} unlearning seeds ({', '.join(map(str, seeds))}); the table above shows seed "
         f"{seeds[0] if seeds else '?'}.",
         "",
-        "| method | " + " | ".join(h for h, _ in SEED_COLUMNS) + " |",
-        "|---|" + "---|" * len(SEED_COLUMNS),
+        "| method | " + " | ".join(h for h, _ in SEED_COLUMNS) + " | regime per seed |",
+        "|---|" + "---|" * (len(SEED_COLUMNS) + 1),
     ]
     for name, summary in methods.items():
         metrics = summary.get("metrics") or {}
-        lines.append(f"| {name} | " + " | ".join(_mean_sd(metrics.get(p)) for _, p in SEED_COLUMNS) + " |")
+        regimes = " / ".join(str(r) for r in summary.get("regimes") or []) or "n/a"
+        lines.append(f"| {name} | " + " | ".join(_mean_sd(metrics.get(p)) for _, p in SEED_COLUMNS) + f" | {regimes} |")
     return [*lines, ""]
 
 

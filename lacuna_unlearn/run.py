@@ -434,12 +434,14 @@ SEED_METRICS = (
     "l2",
     "attack.success_at_n_unlearned",
     "attack.success_at_n_relearned",
+    "regime.recovery_ratio",
 )
 
 
 def across_seeds(runs: Mapping[int, Mapping[str, Any]]) -> dict[str, Any]:
     """Mean ± sd (sample sd, ddof 1) of every number in :data:`SEED_METRICS` and of each target's ``best`` and
-    ``raw`` AUC over the runs of one method with different unlearning seeds; ``values`` in seed order."""
+    ``raw`` AUC over the runs of one method with different unlearning seeds; ``values`` in seed order; the regime
+    of each seed in ``regimes``."""
     from lacuna_metrics.intervals import mean_sd
 
     def get(entry: Mapping[str, Any], path: str) -> Any:
@@ -456,7 +458,8 @@ def across_seeds(runs: Mapping[int, Mapping[str, Any]]) -> dict[str, Any]:
         values = [get(entry, path) for entry in runs.values()]
         if all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
             metrics[path] = {**mean_sd(values), "values": values}
-    return {"seeds": list(runs), "metrics": metrics}
+    regimes = [(entry.get("regime") or {}).get("regime") for entry in runs.values()]  # categorical: listed
+    return {"seeds": list(runs), "metrics": metrics, "regimes": regimes}
 
 
 def _method_entry(
