@@ -168,7 +168,7 @@ def test_attack_end_to_end_on_the_smoke_testbed(smoke_testbed, tmp_path):
         [
             "attack", "--model", str(unlearned), "--testbed", str(smoke_testbed), "--source", "forget",
             "--attempts", "4", "--out", str(out), "--set", "eval_fraction=0",
-            "--set", "trainer.args.learning_rate=1e-3", "--set", "trainer.args.max_steps=12",
+            "--set", "trainer.args.learning_rate=1e-3", "--set", "trainer.args.max_steps=30",
         ]
     )  # fmt: skip
     assert code == 0
