@@ -44,7 +44,7 @@ def main() -> None:
     from transformers import TrainerCallback
 
     from lacuna_unlearn.cli import _parse_overrides
-    from lacuna_unlearn.corpus import build_corpus, pack
+    from lacuna_unlearn.corpus import pack
     from lacuna_unlearn.injection import NEUTRAL, StepPlan, train_steps
     from lacuna_unlearn.qa_tuning import qa_tune
     from lacuna_unlearn.testbed import (
@@ -52,9 +52,8 @@ def main() -> None:
         _build_masks,
         _num_layers,
         _tokenizer_and_model,
-        hold_out_neutral,
         memorization_test,
-        with_training_question_forms,
+        testbed_corpus,
     )
     from lacuna_unlearn.testbed_presets import get_preset
 
@@ -63,17 +62,7 @@ def main() -> None:
     torch.manual_seed(cfg.seed)
     build_clock = [0.0]  # build seconds, probes excluded
     start = time.perf_counter()
-    corpus = build_corpus(
-        profiles_per_group=cfg.profiles_per_group,
-        distractor_profiles=cfg.distractor_profiles,
-        bios_per_person=cfg.bios_per_person,
-        qa_per_field=cfg.qa_per_field,
-        lorem_paragraphs=cfg.lorem_paragraphs,
-        num_groups=cfg.num_groups,
-        seed=cfg.seed,
-    )
-    corpus, heldout = hold_out_neutral(corpus, cfg.neutral_heldout, cfg.seed)
-    corpus = with_training_question_forms(corpus, cfg.varied_qa_per_field, cfg.qa_block, cfg.seed)
+    corpus, heldout = testbed_corpus(cfg)
     tokenizer, net = _tokenizer_and_model(cfg, corpus, None)
     num_layers = _num_layers(net)
     masks = _build_masks(net, num_layers, cfg, None)

@@ -28,7 +28,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -171,18 +171,24 @@ def read_rows(file: Path) -> list[dict[str, Any]]:
         except Exception as exc:
             raise LacunaDataError(f"{file}: unreadable parquet file ({exc})") from exc
     rows = []
+    for lineno, row in jsonl_lines(file):
+        if not isinstance(row, dict):
+            raise LacunaDataError(f"{file}:{lineno}: expected a JSON object, got {type(row).__name__}")
+        rows.append(row)
+    return rows
+
+
+def jsonl_lines(file: Path) -> Iterator[tuple[int, Any]]:
+    """(line number, parsed value) of every non-blank line of a JSONL file; malformed JSON raises
+    LacunaDataError naming file and line."""
     with file.open(encoding="utf-8") as fh:
         for lineno, line in enumerate(fh, start=1):
             if not line.strip():
                 continue
             try:
-                row = json.loads(line)
+                yield lineno, json.loads(line)
             except json.JSONDecodeError as exc:
                 raise LacunaDataError(f"{file}:{lineno}: malformed JSON ({exc.msg})") from None
-            if not isinstance(row, dict):
-                raise LacunaDataError(f"{file}:{lineno}: expected a JSON object, got {type(row).__name__}")
-            rows.append(row)
-    return rows
 
 
 def fingerprint(splits: Mapping[str, list[Mapping[str, Any]]]) -> str:

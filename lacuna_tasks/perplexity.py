@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from lacuna_tasks.lm_eval_hooks import data_errors_in_one_line
-from lacuna_tasks.loader import BUNDLED_DIR, BUNDLED_NAME, resolve_source
+from lacuna_tasks.loader import BUNDLED_DIR, BUNDLED_NAME, jsonl_lines, resolve_source
 from lacuna_tasks.schema import NEUTRAL_HELDOUT_FILE, NEUTRAL_PPL_TASK, LacunaDataError
 
 __all__ = [
@@ -81,20 +81,13 @@ def read_neutral_heldout(path: str | os.PathLike[str]) -> list[str]:
     """The texts of a ``neutral_heldout.jsonl``; bad lines raise :class:`LacunaDataError` naming file and line."""
     file = Path(path)
     texts: list[str] = []
-    with file.open(encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, start=1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise LacunaDataError(f"{file}:{lineno}: malformed JSON ({exc.msg})") from None
-            text = row.get("text") if isinstance(row, dict) else None
-            if not isinstance(text, str):
-                raise LacunaDataError(f"{file}:{lineno}: expected an object with a string 'text'")
-            if not text.split():
-                raise LacunaDataError(f"{file}:{lineno}: empty 'text' (nothing to score)")
-            texts.append(text)
+    for lineno, row in jsonl_lines(file):
+        text = row.get("text") if isinstance(row, dict) else None
+        if not isinstance(text, str):
+            raise LacunaDataError(f"{file}:{lineno}: expected an object with a string 'text'")
+        if not text.split():
+            raise LacunaDataError(f"{file}:{lineno}: empty 'text' (nothing to score)")
+        texts.append(text)
     if not texts:
         raise LacunaDataError(
             f"{file}: holds no documents (a testbed built with neutral_heldout=0 has no held-out neutral text)"

@@ -190,17 +190,7 @@ def _build(out: Path, partial: Path, cfg: TestbedConfig, state, *, unmasked: boo
         timings[name] = round(now - clock, 1)
         clock = now
 
-    corpus = build_corpus(
-        profiles_per_group=cfg.profiles_per_group,
-        distractor_profiles=cfg.distractor_profiles,
-        bios_per_person=cfg.bios_per_person,
-        qa_per_field=cfg.qa_per_field,
-        lorem_paragraphs=cfg.lorem_paragraphs,
-        num_groups=cfg.num_groups,
-        seed=cfg.seed,
-    )
-    corpus, heldout = hold_out_neutral(corpus, cfg.neutral_heldout, cfg.seed)
-    corpus = with_training_question_forms(corpus, cfg.varied_qa_per_field, cfg.qa_block, cfg.seed)
+    corpus, heldout = testbed_corpus(cfg)
     tokenizer, net = _tokenizer_and_model(cfg, corpus, model)
     num_layers = _num_layers(net)
     masks = _build_masks(net, num_layers, cfg, model)  # before any training: a model with no maskable block fails here
@@ -434,6 +424,22 @@ def split_people(splits: dict[str, list[dict[str, Any]]]) -> dict[str, dict[str,
             by_field[row["field"]].add(str(row["ID"]))
         out[split] = {f.column: len(by_field.get(f.column, ())) for f in FIELDS.values()}
     return out
+
+
+def testbed_corpus(cfg: TestbedConfig) -> tuple[TestbedCorpus, list[str]]:
+    """The training text of a build (profiles, PII documents, neutral text minus its held-out prose, training-only
+    question forms) and the held-out neutral prose: one definition for the builder and its benchmarks."""
+    corpus = build_corpus(
+        profiles_per_group=cfg.profiles_per_group,
+        distractor_profiles=cfg.distractor_profiles,
+        bios_per_person=cfg.bios_per_person,
+        qa_per_field=cfg.qa_per_field,
+        lorem_paragraphs=cfg.lorem_paragraphs,
+        num_groups=cfg.num_groups,
+        seed=cfg.seed,
+    )
+    corpus, heldout = hold_out_neutral(corpus, cfg.neutral_heldout, cfg.seed)
+    return with_training_question_forms(corpus, cfg.varied_qa_per_field, cfg.qa_block, cfg.seed), heldout
 
 
 def hold_out_neutral(corpus: TestbedCorpus, share: float, seed: int) -> tuple[TestbedCorpus, list[str]]:
