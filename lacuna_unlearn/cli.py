@@ -615,10 +615,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--attempts", type=_int_at_least(1), default=200, help="extraction prompts per person (Success@N)"
     )
     attack.add_argument("--batch-size", type=_int_at_least(1), default=32, help="probe generation batch size")
+    from lacuna_tasks.normalize import JUDGES, SUCCESS_AT_N_JUDGE  # no torch: cheap
+
     attack.add_argument(
         "--judge",
-        default="lacuna",
-        choices=["lacuna", "first_line", "loose"],
+        default=SUCCESS_AT_N_JUDGE,
+        choices=list(JUDGES),
         help="leak rule of Success@N: lacuna (LACUNA's: lower-case containment in the whole 20 tokens; default, "
         "comparable with the paper), first_line (lacuna-bench's lm-eval rule), loose; attack.json keeps all three "
         "under by_judge (docs/tasks.md 'Judges')",

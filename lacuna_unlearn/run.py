@@ -23,6 +23,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from lacuna_tasks.normalize import SUCCESS_AT_N_JUDGE
 from lacuna_tasks.schema import NEUTRAL_HELDOUT_FILE, NEUTRAL_PPL_TASK
 from lacuna_unlearn.publish import building
 
@@ -60,7 +61,7 @@ DEFAULT_RUN: dict[str, Any] = {
     },  # tasks: null = the field group lacuna_<field>; or suffixes
     "score": {"enabled": True, "composite_samples": 200_000, "frag": True, "null": True, "null_tolerance": 0.05},
     # judge: the leak rule of Success@N (docs/tasks.md "Judges"); lacuna = LACUNA's, comparable with the paper
-    "attack": {"enabled": True, "protocol": "relearn", "attempts": 200, "overrides": [], "judge": "lacuna"},
+    "attack": {"enabled": True, "protocol": "relearn", "attempts": 200, "overrides": [], "judge": SUCCESS_AT_N_JUDGE},
     "regime": {"tau_rev": 0.5, "tau_cat": 0.2, "relative": False},
     # Restricted relearning (docs/definitions.md#restricted-relearning, docs/report.md "Regime"): |D_f| rows from each
     # source; the regime is read from the source that recovers most. The positive control (output suppression only) must
