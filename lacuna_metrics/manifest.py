@@ -16,6 +16,8 @@ from pathlib import Path
 from typing import Any
 
 __all__ = [
+    "PACKAGES",
+    "build_manifest",
     "hardware",
     "package_versions",
     "publish_together",
@@ -25,11 +27,23 @@ __all__ = [
     "write_text",
 ]
 
-#: Packages whose versions matter for a score or a testbed.
-DEFAULT_PACKAGES = ("lacuna-bench", "torch", "transformers", "safetensors", "numpy", "scikit-learn")
+#: The one package list every manifest records (testbed, score, unlearning, attack, run, diagnose, demo).
+PACKAGES = (
+    "lacuna-bench",
+    "torch",
+    "transformers",
+    "safetensors",
+    "numpy",
+    "scikit-learn",
+    "lm_eval",
+    "peft",
+    "accelerate",
+    "hydra-core",
+)
+DEFAULT_PACKAGES = PACKAGES  # the name older callers import
 
 
-def package_versions(names: tuple[str, ...] = DEFAULT_PACKAGES) -> dict[str, str]:
+def package_versions(names: tuple[str, ...] = PACKAGES) -> dict[str, str]:
     """Installed versions of ``names`` for manifests ("not installed" when absent)."""
     found = {}
     for name in names:
@@ -51,6 +65,13 @@ def hardware() -> dict[str, Any]:
         "torch_threads": torch.get_num_threads(),
         "cuda": torch.cuda.is_available(),
     }
+
+
+def build_manifest(**fields: Any) -> dict[str, Any]:
+    """A manifest: the writer's own ``fields`` plus what every manifest records the same way (``versions`` of
+    :data:`PACKAGES`, ``hardware``). Every artifact writer builds its manifest here, so all carry the same
+    provenance fields."""
+    return {**fields, "versions": package_versions(), "hardware": hardware()}
 
 
 def write_text(path: str | os.PathLike[str], text: str) -> Path:

@@ -1,0 +1,170 @@
+"""One home for what a Lacuna result *is*: the metric table, the schema names and versions.
+
+Every reader and writer of ``results.json`` / ``score.json`` / lm-eval results (``lacuna run``, ``lacuna gate``,
+``lacuna report``) derives its tables from :data:`METRIC_TABLE` and its schema stamps from :data:`SCHEMAS`,
+so a metric or a schema bump is declared once. The task suffixes are those of the per-field lm-eval tasks
+``lacuna_<field>_<suffix>`` (docs/tasks.md).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = [
+    "BEHAVIOUR_METRICS",
+    "METRIC_TABLE",
+    "SCHEMAS",
+    "MetricSpec",
+    "lm_eval_metrics",
+    "read_schema",
+    "run_metric_paths",
+    "schema_stamp",
+    "score_metric_paths",
+]
+
+
+@dataclass(frozen=True)
+class MetricSpec:
+    """One metric: what it means and where each kind of result holds it.
+
+    ``task``/``lm_eval_metric``: the lm-eval task suffix (``lacuna_<field>_<task>``) and metric name, or None
+    when no lm-eval task computes it. ``run_path``: dotted path inside a ``results.json`` method entry
+    (``methods.<name>``). ``score_path``: dotted path inside a ``score.json``, or None.
+    """
+
+    description: str
+    run_path: str
+    task: str | None = None
+    lm_eval_metric: str | None = None
+    score_path: str | None = None
+
+
+#: Every metric key a user may name (``lacuna gate --check KEY<=X``), in report order.
+METRIC_TABLE: dict[str, MetricSpec] = {
+    "forget_leak": MetricSpec(
+        "forget QA leak rate (lower is better)", "behaviour.forget_leak", "forget_qa", "leak_rate"
+    ),
+    "retain_accuracy": MetricSpec("retain QA accuracy", "behaviour.retain_accuracy", "retain_qa", "accuracy"),
+    "j_w": MetricSpec(
+        "worst-case leak J_W over paraphrase, ICR and QA probes", "behaviour.j_w", "forget_worstcase", "j_w"
+    ),
+    "j_p": MetricSpec("worst-case leak over paraphrases J_P", "behaviour.j_p", "forget_worstcase", "j_p"),
+    "j_icr": MetricSpec(
+        "worst-case leak over in-context retrieval J_ICR", "behaviour.j_icr", "forget_worstcase", "j_icr"
+    ),
+    "retain_j_avg": MetricSpec(
+        "retain accuracy averaged over paraphrase probes", "behaviour.retain_j_avg", "retain_paraphrase", "j_avg"
+    ),
+    "retain_eval_accuracy": MetricSpec(
+        "held-out retain accuracy (people no unlearning loss saw)",
+        "behaviour.retain_eval_accuracy",
+        "retain_eval_qa",
+        "accuracy",
+    ),
+    "crossfield_accuracy": MetricSpec(
+        "cross-field retention (the forget people's other fields)",
+        "behaviour.crossfield_accuracy",
+        "crossfield_qa",
+        "accuracy",
+    ),
+    "retain_eval_crossfield_accuracy": MetricSpec(
+        "cross-field retention of the held-out retain people",
+        "behaviour.retain_eval_crossfield_accuracy",
+        "retain_eval_crossfield_qa",
+        "accuracy",
+    ),
+    "em": MetricSpec("exact-match memorization", "behaviour.em", "forget_memorization", "em"),
+    "es": MetricSpec("extraction strength", "behaviour.es", "forget_memorization", "es"),
+    "prob": MetricSpec("answer probability", "behaviour.prob", "forget_memorization", "prob"),
+    "neutral_ppl_ratio": MetricSpec(
+        "neutral-text word perplexity after / before unlearning (held-out prose)", "behaviour.neutral_ppl_ratio"
+    ),
+    "success_at_n": MetricSpec(
+        "Success@N of the extraction probe (after the relearning attack for lacuna run)",
+        "attack.success_at_n_relearned",
+        "extraction",
+        "success_at_n",
+    ),
+    "success_at_n_unlearned": MetricSpec(
+        "Success@N before the relearning attack (lacuna run)", "attack.success_at_n_unlearned"
+    ),
+    "auc_forget": MetricSpec("best localization AUC(F)", "auc.forget.best.value", score_path="auc.forget.best.value"),
+    "auc_unified": MetricSpec(
+        "best unified localization AUC", "auc.unified.best.value", score_path="auc.unified.best.value"
+    ),
+    "auc_forget_vs_retain": MetricSpec(
+        "best forget-vs-retain localization AUC",
+        "auc.forget_vs_retain.best.value",
+        score_path="auc.forget_vs_retain.best.value",
+    ),
+    "auc_forget_calibrated": MetricSpec(
+        "best localization AUC(F) over the null-calibrated families",
+        "auc.forget.calibrated_best.value",
+        score_path="null_calibration.targets.forget.best.value",
+    ),
+    "auc_forget_lift": MetricSpec(
+        "largest AUC(F) minus null AUC over every family (lift)",
+        "auc.forget.best_lift.value",
+        score_path="null_calibration.targets.forget.best_lift.value",
+    ),
+    "frag": MetricSpec("FRAG (forget/retain alignment of the update)", "frag", score_path="frag.frag"),
+    "l2": MetricSpec("global L2 norm of the weight update", "l2", score_path="distance.l2"),
+}
+
+#: Behaviour metric -> (task suffix, lm-eval metric) of ``lacuna_<field>_<suffix>``: what ``lacuna run`` reads
+#: from its lm-eval evaluations into ``methods.<name>.behaviour``.
+BEHAVIOUR_METRICS: dict[str, tuple[str, str]] = {
+    key: (spec.task, spec.lm_eval_metric)
+    for key, spec in METRIC_TABLE.items()
+    if spec.run_path.startswith("behaviour.") and spec.task is not None and spec.lm_eval_metric is not None
+}
+
+
+def lm_eval_metrics() -> tuple[tuple[str, str, str], ...]:
+    """(task suffix, lm-eval metric, metric key) of every metric an lm-eval results file can hold."""
+    return tuple(
+        (spec.task, spec.lm_eval_metric, key)
+        for key, spec in METRIC_TABLE.items()
+        if spec.task is not None and spec.lm_eval_metric is not None
+    )
+
+
+def run_metric_paths() -> dict[str, str]:
+    """Metric key -> dotted path inside a ``results.json`` method entry."""
+    return {key: spec.run_path for key, spec in METRIC_TABLE.items()}
+
+
+def score_metric_paths() -> dict[str, str]:
+    """Metric key -> dotted path inside a ``score.json`` (only metrics a score.json holds)."""
+    return {key: spec.score_path for key, spec in METRIC_TABLE.items() if spec.score_path is not None}
+
+
+#: Artifact kind -> (schema name, newest version this package writes and reads).
+SCHEMAS: dict[str, tuple[str, int]] = {
+    "run": ("lacuna-bench/run", 1),  # lacuna run's results.json
+    "score": ("lacuna-bench/score", 2),  # lacuna score's score.json (2: fingerprints cover every weight byte)
+    "gate": ("lacuna-bench/gate", 1),  # lacuna gate --json
+    "attack": ("lacuna-bench/attack", 3),  # 3: Success@N under a named judge (default lacuna)
+    "diagnose": ("lacuna-bench/diagnose", 1),
+}
+
+
+def schema_stamp(kind: str) -> dict[str, Any]:
+    """``{"name": ..., "version": ...}`` for a new artifact of ``kind`` (a :data:`SCHEMAS` key)."""
+    if kind not in SCHEMAS:
+        raise KeyError(f"unknown artifact kind {kind!r}; known: {', '.join(SCHEMAS)}")
+    name, version = SCHEMAS[kind]
+    return {"name": name, "version": version}
+
+
+def read_schema(doc: Mapping[str, Any]) -> tuple[str | None, Any]:
+    """(schema name, version) of a JSON document in either shape this package has written:
+    ``"schema": {"name", "version"}`` or ``"schema": NAME`` beside ``"schema_version"`` / ``"version"``."""
+    schema = doc.get("schema")
+    if isinstance(schema, Mapping):
+        return schema.get("name"), schema.get("version")
+    if isinstance(schema, str):
+        return schema, doc.get("schema_version", doc.get("version"))
+    return None, None

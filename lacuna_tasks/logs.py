@@ -1,0 +1,64 @@
+"""Logging and progress bars for every ``lacuna`` command: one configuration, one bar helper.
+
+Modules log through ``logging.getLogger(__name__)``; the CLI calls :func:`configure_logging` once with the
+``--verbose`` / ``--quiet`` count, which also decides whether :func:`progress` draws bars. Lives in
+``lacuna_tasks`` (the bottom package) so the scorer and the trainers share it.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from collections.abc import Iterable, Iterator
+from typing import Any, TypeVar
+
+__all__ = ["add_verbosity_arguments", "configure_logging", "progress", "verbosity_level"]
+
+T = TypeVar("T")
+
+#: The root of every logger in this project's three packages.
+_ROOT_LOGGERS = ("lacuna_tasks", "lacuna_metrics", "lacuna_unlearn")
+_bars_enabled: bool | None = None  # None: tqdm decides (bars on a terminal only)
+
+
+def verbosity_level(verbose: int = 0, quiet: int = 0) -> int:
+    """Log level for ``-v``/``-q`` counts: INFO by default, DEBUG with ``-v``, WARNING with ``-q``, ERROR with
+    ``-qq``."""
+    steps = (logging.DEBUG, logging.INFO, logging.WARNING, logging.ERROR)
+    return steps[max(0, min(len(steps) - 1, 1 - verbose + quiet))]
+
+
+def configure_logging(verbose: int = 0, quiet: int = 0) -> None:
+    """Send this project's log records to stderr at the level of ``verbose``/``quiet``; quiet also hides the
+    progress bars. Idempotent: calling it again only changes the level."""
+    global _bars_enabled
+    level = verbosity_level(verbose, quiet)
+    for name in _ROOT_LOGGERS:
+        logger = logging.getLogger(name)
+        logger.setLevel(level)
+        if not any(getattr(h, "_lacuna", False) for h in logger.handlers):
+            handler = logging.StreamHandler(sys.stderr)
+            handler.setFormatter(logging.Formatter("%(message)s"))
+            handler._lacuna = True  # type: ignore[attr-defined]
+            logger.addHandler(handler)
+            logger.propagate = False
+    _bars_enabled = False if quiet else None
+
+
+def add_verbosity_arguments(parser: Any) -> None:
+    """Add ``-v/--verbose`` and ``-q/--quiet`` (both countable) to an argparse parser."""
+    parser.add_argument("-v", "--verbose", action="count", default=0, help="more log output (-v: debug)")
+    parser.add_argument(
+        "-q", "--quiet", action="count", default=0, help="less output: warnings only, no progress bars (-qq: errors)"
+    )
+
+
+def progress(iterable: Iterable[T] | None = None, **kwargs: Any) -> Iterator[T] | Any:
+    """A tqdm bar (``tqdm.auto``) over ``iterable`` with ``kwargs`` passed through; drawn only on a terminal and
+    never under ``--quiet``. Without an iterable, returns a manual bar (``total=``, ``.update(n)``)."""
+    from tqdm.auto import tqdm
+
+    if "disable" not in kwargs:
+        kwargs["disable"] = True if _bars_enabled is False else None
+    kwargs.setdefault("dynamic_ncols", True)
+    return tqdm(iterable, **kwargs) if iterable is not None else tqdm(**kwargs)
