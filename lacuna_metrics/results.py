@@ -4,6 +4,10 @@ Every reader and writer of ``results.json`` / ``score.json`` / lm-eval results (
 ``lacuna report``) derives its tables from :data:`METRIC_TABLE` and its schema stamps from :data:`SCHEMAS`,
 so a metric or a schema bump is declared once. The task suffixes are those of the per-field lm-eval tasks
 ``lacuna_<field>_<suffix>`` (docs/tasks.md).
+
+lm-eval results files are read by one reader, :mod:`lacuna_tasks.lm_eval_results` (re-exported here: which file a
+directory means, how ``metric,filter`` keys are read; docs/ci.md). It lives in ``lacuna_tasks`` because
+``lacuna_tasks.evaluate`` needs it too.
 """
 
 from __future__ import annotations
@@ -12,16 +16,31 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from lacuna_tasks.lm_eval_results import (
+    LmEvalResultsError,
+    find_lm_eval_results,
+    metric_value,
+    read_lm_eval_results,
+    resolve_lm_eval_results,
+    task_metrics,
+)
+
 __all__ = [
     "BEHAVIOUR_METRICS",
     "METRIC_TABLE",
     "SCHEMAS",
+    "LmEvalResultsError",
     "MetricSpec",
+    "find_lm_eval_results",
     "lm_eval_metrics",
+    "metric_value",
+    "read_lm_eval_results",
     "read_schema",
+    "resolve_lm_eval_results",
     "run_metric_paths",
     "schema_stamp",
     "score_metric_paths",
+    "task_metrics",
 ]
 
 

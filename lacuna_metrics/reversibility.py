@@ -21,11 +21,11 @@ Definitions: ``docs/definitions.md#forgetting-regimes``, ``#restricted-relearnin
 
 from __future__ import annotations
 
-import json
 import math
 import os
-from pathlib import Path
 from typing import Any
+
+from lacuna_tasks.lm_eval_results import metric_value, read_lm_eval_results
 
 __all__ = [
     "DEFAULT_METRICS",
@@ -146,35 +146,23 @@ def classify_regime(
     }
 
 
-def _results_file(path: Path) -> Path:
-    if path.is_file():
-        return path
-    if path.is_dir():
-        found = sorted(path.rglob("results*.json"))
-        if len(found) == 1:
-            return found[0]
-        if not found:
-            raise FileNotFoundError(f"no lm-eval results*.json under {path}")
-        raise ValueError(f"{len(found)} lm-eval results files under {path}; pass one: {[str(f) for f in found]}")
-    raise FileNotFoundError(f"lm-eval results not found: {path}")
-
-
 def accuracies_from_lm_eval(
     results_json_path: str | os.PathLike[str],
     forget_task: str,
     retain_task: str,
     metric: str | tuple[str, str] | None = None,
     *,
-    filter_name: str = "none",
+    filter_name: str | None = None,
 ) -> tuple[float, float]:
-    """``(forget accuracy, retain accuracy)`` read from an lm-eval results JSON (``results[task]["<metric>,<filter>"]``).
+    """``(forget accuracy, retain accuracy)`` read from lm-eval results (``results[task]["<metric>,<filter>"]``).
 
     ``metric`` None uses :data:`DEFAULT_METRICS`: ``leak_rate`` for the forget task and ``accuracy`` for the retain
     task, the metrics of ``lacuna_<field>_forget_qa`` / ``lacuna_<field>_retain_qa``; a string uses one metric for
-    both; a pair is ``(forget_metric, retain_metric)``. ``results_json_path`` is the file, or a directory holding
-    exactly one ``results*.json`` (lm-eval's ``--output_path`` layout). Values must be in [0, 1].
+    both; a pair is ``(forget_metric, retain_metric)``. ``results_json_path`` is the file or an lm-eval
+    ``--output_path`` directory, and ``filter_name`` None reads the ``none`` filter or a metric's only one: the
+    rules of :mod:`lacuna_tasks.lm_eval_results` (docs/ci.md, "Which lm-eval results file"; a directory means the
+    newest run of its one model). Values must be in [0, 1].
     """
-    path = _results_file(Path(results_json_path))
     if metric is None:
         metrics = DEFAULT_METRICS
     elif isinstance(metric, str):
@@ -183,17 +171,22 @@ def accuracies_from_lm_eval(
         metrics = tuple(metric)
         if len(metrics) != 2 or not all(isinstance(m, str) for m in metrics):
             raise ValueError(f"metric must be a name or a (forget, retain) pair of names, got {metric!r}")
-    try:
-        results = json.loads(path.read_text(encoding="utf-8"))["results"]
-    except (json.JSONDecodeError, KeyError, TypeError) as exc:
-        raise ValueError(f"{path}: not an lm-eval results JSON (no 'results' object): {exc}") from exc
+    path, doc = read_lm_eval_results(results_json_path)
+    results = doc["results"]
     values = []
     for side, task, name in (("forget", forget_task, metrics[0]), ("retain", retain_task, metrics[1])):
         if task not in results:
             raise ValueError(f"{path}: no results for {side} task {task!r} (found: {sorted(results)})")
-        key = f"{name},{filter_name}"
-        if key not in results[task]:
-            found = sorted(k for k in results[task] if "," in k and "_stderr" not in k)
+        value = metric_value(results[task], name, filter_name)
+        key = name if filter_name is None else f"{name},{filter_name}"
+        if value is None:
+            entry = results[task] if isinstance(results[task], dict) else {}
+            found = sorted(k for k in entry if "," in k and "_stderr" not in k)
+            if filter_name is None and any(k.startswith(f"{name},") for k in found):
+                raise ValueError(
+                    f"{path}: task {task!r} has metric {name!r} under several filters and none is 'none'; "
+                    f"choose one with filter_name (found: {found})"
+                )
             raise ValueError(f"{path}: task {task!r} has no metric {key!r} (found: {found})")
-        values.append(_accuracy(f"{task} {key}", results[task][key]))
+        values.append(_accuracy(f"{task} {key}", value))
     return values[0], values[1]

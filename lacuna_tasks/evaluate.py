@@ -14,6 +14,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from lacuna_tasks.lm_eval_results import task_metrics
+
 __all__ = ["evaluate", "leaked_people"]
 
 
@@ -28,6 +30,9 @@ def evaluate(
     dtype: str = "float32",
 ) -> dict[str, Any]:
     """``{"results": {task: {metric: value}}, "samples": {task: [sample, ...]}, "config": ...}`` of one model.
+
+    Metric names are bare (``leak_rate``): the filter suffix is dropped by
+    :func:`lacuna_tasks.lm_eval_results.task_metrics`, the rule every lm-eval results reader here follows.
 
     ``data`` is the LACUNA data source (``--metadata lacuna_data``); ``metadata`` adds task options such as
     ``extraction_attempts``. The model is loaded from disk only (no hub), ``trust_remote_code`` off.
@@ -55,10 +60,8 @@ def evaluate(
             task_manager=task_manager(meta),
             metadata=meta,
         )
-    results = {
-        task: {key.split(",", 1)[0]: value for key, value in metrics.items() if "," in key and "stderr" not in key}
-        for task, metrics in out["results"].items()
-    }
+    # metric keys without their filter, by the one rule of lacuna_tasks.lm_eval_results (docs/ci.md)
+    results = {task: task_metrics(metrics) for task, metrics in out["results"].items()}
     return {"results": results, "samples": out.get("samples", {}), "config": out.get("config", {})}
 
 

@@ -21,6 +21,22 @@ _ROOT_LOGGERS = ("lacuna_tasks", "lacuna_metrics", "lacuna_unlearn")
 _bars_enabled: bool | None = None  # None: tqdm decides (bars on a terminal only)
 
 
+class _StderrHandler(logging.StreamHandler):
+    """Writes to whatever ``sys.stderr`` is when a record is emitted (not the stream of the first call), so a
+    redirected or captured stderr (pytest, ``contextlib.redirect_stderr``) receives later records."""
+
+    def __init__(self) -> None:
+        super().__init__(sys.stderr)
+
+    @property  # type: ignore[override]
+    def stream(self) -> Any:
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value: Any) -> None:  # StreamHandler.__init__ assigns it; the property ignores it
+        pass
+
+
 def verbosity_level(verbose: int = 0, quiet: int = 0) -> int:
     """Log level for ``-v``/``-q`` counts: INFO by default, DEBUG with ``-v``, WARNING with ``-q``, ERROR with
     ``-qq``."""
@@ -36,10 +52,9 @@ def configure_logging(verbose: int = 0, quiet: int = 0) -> None:
     for name in _ROOT_LOGGERS:
         logger = logging.getLogger(name)
         logger.setLevel(level)
-        if not any(getattr(h, "_lacuna", False) for h in logger.handlers):
-            handler = logging.StreamHandler(sys.stderr)
+        if not any(isinstance(h, _StderrHandler) for h in logger.handlers):
+            handler = _StderrHandler()
             handler.setFormatter(logging.Formatter("%(message)s"))
-            handler._lacuna = True  # type: ignore[attr-defined]
             logger.addHandler(handler)
             logger.propagate = False
     _bars_enabled = False if quiet else None

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import shutil
 import subprocess
@@ -63,10 +64,28 @@ def _lacuna(*args: Any) -> subprocess.CompletedProcess[str]:
     return subprocess.run([*cmd, *map(str, args)], capture_output=True, text=True, env=env, timeout=600, check=False)
 
 
+class _Stderr(logging.Handler):
+    """The gate's log records on the stderr of the moment (capsys), as ``lacuna``'s logging setup prints them
+    (``%(message)s`` to stderr), whatever handlers an earlier test's CLI call left behind."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        print(self.format(record), file=sys.stderr)
+
+
 def gate(*argv: Any) -> int:
     p = argparse.ArgumentParser()
     add_arguments(p)
-    return run(p.parse_args([str(a) for a in argv]))
+    logger = logging.getLogger("lacuna_metrics.gate")
+    handler, level, propagate = _Stderr(), logger.level, logger.propagate
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    logger.propagate = False
+    try:
+        return run(p.parse_args([str(a) for a in argv]))
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+        logger.propagate = propagate
 
 
 def lm_eval_out(root: Path, model_args: str, *, date: float | None = None, **config: Any) -> Path:

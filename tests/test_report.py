@@ -12,7 +12,6 @@ import pytest
 from matplotlib.image import imread
 
 from lacuna_metrics.report import (
-    _axis_ranges,
     disagrees,
     markdown_summary,
     roc_series,
@@ -20,6 +19,7 @@ from lacuna_metrics.report import (
     write_plots,
     write_run_report,
 )
+from lacuna_metrics.report_plots import _axis_ranges
 
 TARGETS = ("forget", "unified", "forget_vs_retain")
 

@@ -103,12 +103,25 @@ def test_accuracies_from_lm_eval(tmp_path):
         0.25,
         0.75,
     )
-    with pytest.raises(ValueError, match="no metric 'accuracy,none'"):
+    with pytest.raises(ValueError, match="no metric 'accuracy'"):
         accuracies_from_lm_eval(path, "lacuna_email_forget_qa", "lacuna_email_retain_qa", "accuracy")
+    with pytest.raises(ValueError, match="no metric 'accuracy,none'"):
+        accuracies_from_lm_eval(
+            path, "lacuna_email_forget_qa", "lacuna_email_retain_qa", "accuracy", filter_name="none"
+        )
     with pytest.raises(ValueError, match="lacuna_phone_forget_qa"):
         accuracies_from_lm_eval(path, "lacuna_phone_forget_qa", "lacuna_email_retain_qa")
+    # a second run of the same model in the same --output_path: the newest is read (docs/ci.md)
+    results["results"]["lacuna_email_forget_qa"]["leak_rate,none"] = 0.5
     (run / "results_2026-01-02T00-00-00.json").write_text(json.dumps(results))
-    with pytest.raises(ValueError, match="2 lm-eval results files"):
+    assert accuracies_from_lm_eval(tmp_path / "run", "lacuna_email_forget_qa", "lacuna_email_retain_qa") == (
+        0.5,
+        0.75,
+    )
+    # results of two models under one directory: which one is meant is not guessed
+    (tmp_path / "run" / "other").mkdir()
+    (tmp_path / "run" / "other" / "results_2026-01-03T00-00-00.json").write_text(json.dumps(results))
+    with pytest.raises(ValueError, match="2 models"):
         accuracies_from_lm_eval(tmp_path / "run", "lacuna_email_forget_qa", "lacuna_email_retain_qa")
 
 

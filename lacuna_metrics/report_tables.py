@@ -1,0 +1,252 @@
+"""The markdown tables of a ``lacuna run`` report: one row per method with persons and intervals beside every rate,
+the positive-control note, matched forgetting and mean ± sd over seeds (docs/report.md). :mod:`lacuna_metrics.report`
+assembles them into ``report.md``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["SEED_COLUMNS", "disagrees"]
+
+
+def _fmt(value: Any, digits: int = 4) -> str:
+    if value is None:
+        return "n/a"
+    if isinstance(value, float):
+        return f"{value:.{digits}f}"
+    return str(value)
+
+
+def _pct(value: Any) -> str:
+    return "n/a" if value is None else f"{value:.2f}"
+
+
+def _interval(ci: Any) -> str:
+    """`` [lo, hi]`` from a two-number interval, else nothing (intervals are shown where the results carry them)."""
+    if isinstance(ci, (list, tuple)) and len(ci) == 2 and all(isinstance(v, (int, float)) for v in ci):
+        return f" [{ci[0]:.2f}, {ci[1]:.2f}]"
+    return ""
+
+
+def _n(n: Any) -> str:
+    return f" (n={n})" if isinstance(n, int) and not isinstance(n, bool) else ""
+
+
+def _rate(block: dict[str, Any], key: str) -> str:
+    """``0.50 [0.20, 0.80] (n=6)`` for metric ``key`` of a behaviour block (its ``n`` and ``ci`` maps)."""
+    value = block.get(key)
+    if value is None:
+        return "n/a"
+    return f"{value:.2f}{_interval((block.get('ci') or {}).get(key))}{_n((block.get('n') or {}).get(key))}"
+
+
+def _change(before: Any, after: Any, n: Any, ci_before: Any = None, ci_after: Any = None) -> str:
+    """``0.00 → 1.00 (n=1)``: a rate on the unlearned model and after the relearning attack."""
+    if before is None and after is None:
+        return "n/a"
+    return f"{_pct(before)}{_interval(ci_before)} → {_pct(after)}{_interval(ci_after)}{_n(n)}"
+
+
+def _relearned(beh: dict[str, Any], rel: dict[str, Any], key: str) -> str:
+    """A behaviour rate unlearned → after relearning (the same people: ``n`` from ``beh`` unless ``rel`` has it)."""
+    if not rel:
+        return _rate(beh, key)
+    n = (rel.get("n") or beh.get("n") or {}).get(key)
+    return _change(beh.get(key), rel.get(key), n, (beh.get("ci") or {}).get(key), (rel.get("ci") or {}).get(key))
+
+
+def _fields(results: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Per field: ``baseline`` and ``methods`` (every field of ``by_field``; older results: the top-level field)."""
+    by_field = results.get("by_field")
+    if isinstance(by_field, dict) and by_field:
+        return by_field
+    return {results.get("field", "?"): {"baseline": results.get("baseline") or {}, "methods": results.get("methods")}}
+
+
+def disagrees(method: dict[str, Any]) -> bool:
+    """Whether a method's regime and its Success@N after relearning point different ways: "irreversible" while the
+    extraction probe still finds forget facts after relearning, or "reversible" while it finds none."""
+    regime, attack = method.get("regime") or {}, method.get("attack") or {}
+    success = attack.get("success_at_n_relearned")
+    if success is None or regime.get("reversible") is None:
+        return False
+    return (regime["reversible"] is False and success > 0) or (regime["reversible"] is True and success == 0)
+
+
+def _ppl(behaviour: dict[str, Any]) -> str:
+    """The baseline's neutral word perplexity (the denominator of the methods' ratio)."""
+    value = behaviour.get("neutral_word_perplexity")
+    return "n/a" if value is None else f"ppl {value:.4g}"
+
+
+def _ppl_ratio(behaviour: dict[str, Any]) -> str:
+    """Neutral word perplexity after / before unlearning (> 1: general language modelling got worse)."""
+    value = behaviour.get("neutral_ppl_ratio")
+    return "n/a" if value is None else f"×{value:.3f}"
+
+
+def _field_table(entry: dict[str, Any], trivial: dict[str, Any], attempts: Any) -> tuple[list[str], bool]:
+    base = (entry.get("baseline") or {}).get("behaviour") or {}
+    lines = [
+        f"| method | forget EM / ES / Prob | forget leak: unlearned → relearned | retain acc: unlearned → relearned "
+        f"| held-out retain acc | cross-field acc | neutral ppl ratio | J_W | AUC(F) | AUC(F-R) | AUC(F vs R) | FRAG "
+        f"| Success@{attempts}: unlearned → relearned | regime |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+
+    def memorization(b: dict[str, Any]) -> str:
+        values = [b.get(k) for k in ("em", "es", "prob")]
+        if all(v is None for v in values):
+            return "n/a"
+        n = next((v for v in ((b.get("n") or {}).get(k) for k in ("em", "es", "prob")) if v is not None), None)
+        return " / ".join(_pct(v) for v in values) + _n(n)
+
+    lines.append(
+        f"| before unlearning | {memorization(base)} | {_rate(base, 'forget_leak')} | {_rate(base, 'retain_accuracy')} "
+        f"| {_rate(base, 'retain_eval_accuracy')} | {_rate(base, 'crossfield_accuracy')} | {_ppl(base)} "
+        f"| {_rate(base, 'j_w')} | | | | | | |"
+    )
+    footnote = False
+    for name, m in (entry.get("methods") or {}).items():
+        beh, auc, att = m.get("behaviour") or {}, m.get("auc") or {}, m.get("attack") or {}
+        rel = m.get("relearned_behaviour") or {}
+
+        def best(target: str, auc: dict = auc) -> str:
+            entry = auc.get(target) or {}
+            if "calibrated_best" in entry and entry["calibrated_best"] is not None:  # null-calibrated (the default)
+                cal, lift = entry["calibrated_best"], (entry.get("best_lift") or {}).get("value")
+                shown = "none calibrated" if cal.get("value") is None else f"{cal['value']:.3f} ({cal.get('score')})"
+                return shown + ("" if lift is None else f", lift {lift:+.3f}")
+            e = entry.get("best") or {}
+            return "n/a" if e.get("value") is None else f"{e['value']:.3f} ({e.get('score')})"
+
+        attack = (
+            _change(
+                att.get("success_at_n_unlearned"), att.get("success_at_n_relearned"), att.get("persons"),
+                (att.get("ci") or {}).get("success_at_n_unlearned"), (att.get("ci") or {}).get("success_at_n_relearned"),
+            )
+            if att else "n/a"
+        )  # fmt: skip
+        regime = m.get("regime") or {}
+        label = regime.get("regime", "n/a")
+        if regime.get("recovery_ratio") is not None:
+            source = f", from {regime['source']}" if regime.get("source") else ""
+            label += f" (ρ={regime['recovery_ratio']:.2f}{source})"
+        if disagrees(m):
+            label += " †"
+            footnote = True
+        frag = m.get("frag")
+        lines.append(
+            f"| {name} | {memorization(beh)} | {_relearned(beh, rel, 'forget_leak')} | {_relearned(beh, rel, 'retain_accuracy')} "
+            f"| {_rate(beh, 'retain_eval_accuracy')} | {_rate(beh, 'crossfield_accuracy')} | {_ppl_ratio(beh)} "
+            f"| {_rate(beh, 'j_w')} | {best('forget')} | {best('unified')} | {best('forget_vs_retain')} "
+            f"| {'n/a' if frag is None else f'{frag:.3g}'} | {attack} | {label} |"
+        )
+    control = entry.get("positive_control")
+    if control:
+        regime = control.get("regime") or {}
+        label = regime.get("regime", "n/a")
+        if regime.get("recovery_ratio") is not None:
+            label += f" (ρ={regime['recovery_ratio']:.2f}, from {regime.get('source', '?')})"
+        beh = control.get("behaviour") or {}
+        lines.append(
+            f"| positive control: {control.get('name')} | {memorization(beh)} | {_rate(beh, 'forget_leak')} "
+            f"| {_rate(beh, 'retain_accuracy')} | {_rate(beh, 'retain_eval_accuracy')} "
+            f"| {_rate(beh, 'crossfield_accuracy')} | {_ppl_ratio(beh)} | {_rate(beh, 'j_w')} | | | | | | {label} |"
+        )
+    if trivial:
+        cells = []
+        for target in ("forget", "unified", "forget_vs_retain"):
+            t = trivial.get(target) or {}
+            cells.append(
+                " / ".join(f"{t[k]:.3f}" for k in ("before_magnitude", "injection_magnitude") if t.get(k) is not None)
+            )
+        lines.append(f"| trivial detector (abs before / abs injection) | | | | | | | {' | '.join(cells)} | | | |")
+    return lines, footnote
+
+
+#: Columns of the across-seeds table: (header, dotted metric path in ``across_seeds.metrics``).
+SEED_COLUMNS = (
+    ("forget leak", "behaviour.forget_leak"),
+    ("retain acc", "behaviour.retain_accuracy"),
+    ("held-out retain acc", "behaviour.retain_eval_accuracy"),
+    ("cross-field acc", "behaviour.crossfield_accuracy"),
+    ("neutral ppl ratio", "behaviour.neutral_ppl_ratio"),
+    ("J_W", "behaviour.j_w"),
+    ("forget EM", "behaviour.em"),
+    ("AUC(F) calibrated", "auc.forget.calibrated_best"),
+    ("AUC(F) lift", "auc.forget.best_lift"),
+    ("AUC(F) raw", "auc.forget.raw"),
+    ("AUC(F vs R) best", "auc.forget_vs_retain.best"),
+    ("FRAG", "frag"),
+    ("Success@N relearned", "attack.success_at_n_relearned"),
+)
+
+
+def _mean_sd(cell: Any) -> str:
+    if not isinstance(cell, dict) or cell.get("mean") is None:
+        return "n/a"
+    sd = cell.get("sd")
+    return f"{cell['mean']:.3f}" + ("" if sd is None else f" ± {sd:.3f}")
+
+
+def _seed_table(entry: dict[str, Any]) -> list[str]:
+    """Mean ± sd over unlearning seeds per method (``lacuna run --seeds``); empty when one seed ran."""
+    methods = {n: m["across_seeds"] for n, m in (entry.get("methods") or {}).items() if m.get("across_seeds")}
+    if not methods:
+        return []
+    seeds = next(iter(methods.values())).get("seeds", [])
+    lines = [
+        f"Mean ± sd over {len(seeds)} unlearning seeds ({', '.join(map(str, seeds))}); the table above shows seed "
+        f"{seeds[0] if seeds else '?'}.",
+        "",
+        "| method | " + " | ".join(h for h, _ in SEED_COLUMNS) + " | regime per seed |",
+        "|---|" + "---|" * (len(SEED_COLUMNS) + 1),
+    ]
+    for name, summary in methods.items():
+        metrics = summary.get("metrics") or {}
+        regimes = " / ".join(str(r) for r in summary.get("regimes") or []) or "n/a"
+        lines.append(f"| {name} | " + " | ".join(_mean_sd(metrics.get(p)) for _, p in SEED_COLUMNS) + f" | {regimes} |")
+    return [*lines, ""]
+
+
+def _matched_table(entry: dict[str, Any]) -> list[str]:
+    """Each gradient method at matched forgetting (first snapshot with forget leak <= the threshold) and at the end
+    of its schedule (empty when no method kept a trajectory)."""
+    curves = {n: m["trajectory"] for n, m in (entry.get("methods") or {}).items() if m.get("trajectory")}
+    if not curves:
+        return []
+    threshold = next(iter(curves.values())).get("leak_threshold")
+
+    def cells(point: dict[str, Any] | None) -> str:
+        if not point:
+            return "not reached | |"
+        held_out = point.get("retain_eval_accuracy")
+        retain = f"{_pct(held_out)} (held-out)" if held_out is not None else _pct(point.get("retain_accuracy"))
+        auc = (point.get("auc_raw") or {}).get("forget")
+        return f"step {point['step']}: leak {_pct(point.get('forget_leak'))} | {retain} | {_fmt(auc, 3)}"
+
+    lines = [
+        f"Matched forgetting: each gradient method at the first checkpoint whose forget leak is ≤ {threshold}, and at "
+        "the end of its schedule (plots/tradeoff.png).",
+        "",
+        "| method | matched: step, forget leak | retain acc | AUC(F) raw | end: step, forget leak | retain acc | AUC(F) raw |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for name, traj in curves.items():
+        lines.append(f"| {name} | {cells(traj.get('matched'))} | {cells(traj.get('end'))} |")
+    return [*lines, ""]
+
+
+def _control_note(entry: dict[str, Any]) -> list[str]:
+    """One line on whether the reversibility protocol passed its positive control (empty without one)."""
+    control = entry.get("positive_control")
+    if not control:
+        return []
+    rev = control.get("reversibility") or {}
+    setting = f"lr {rev.get('learning_rate')}, {rev.get('epochs')} epochs, |D_f| rows from {', '.join(rev.get('sources') or [])}"
+    if control.get("attack_strong_enough"):
+        return [f"Positive control passed: output suppression alone comes out reversible under restricted relearning "
+                f"({setting}), so the protocol can tell suppression from erasure.", ""]  # fmt: skip
+    return [f"**Positive control failed**: {control.get('reason', 'see results.json')} ({setting}). Regimes are "
+            "reported as `undetermined`; raise `reversibility.learning_rate` or `reversibility.epochs`.", ""]  # fmt: skip
