@@ -1,29 +1,22 @@
 """Model anatomy: which tensors of a decoder-only causal LM are the projections of its transformer blocks.
 
-One answer to "is this weight attention, MLP, an expert or a router, of which layer, in which role, stored
-which way round", shared by the masks (:mod:`lacuna_metrics.masks`: ``component``, the eligible pattern),
-FRAG (:mod:`lacuna_metrics.activations`: which weights are scored), LoRA (:mod:`lacuna_unlearn.lora`: the
-default targets) and the diagnostics (:mod:`lacuna_metrics.diagnose`: the list of blocks). See
-``docs/anatomy.md`` for the rules, the supported layouts and what is left out.
+The one answer in the package to "is this weight attention, MLP, an expert or a router, of which layer, in which
+role, stored which way round": the masks (``component``, the eligible pattern), FRAG (which weights are scored),
+LoRA (the default targets) and the diagnostics (the list of blocks) all ask here, so a new architecture is taught
+once. ``docs/anatomy.md`` has the rules, the supported layouts and what is left out.
 
-Two views of the same model:
-
-* :func:`model_anatomy` reads a loaded ``nn.Module``. The **structure** decides what is a projection: the
-  blocks are the ``nn.ModuleList`` of ``config.num_hidden_layers`` modules, and inside each block every
-  ``nn.Linear`` (subclasses included), transformers ``Conv1D`` (stored ``(d_in, d_out)``) and 3-D expert
-  parameter (``[num_experts, ...]``, transformers 5 MoE layout) is one. The **names** only say which
-  component and role it has (:func:`classify_name`); a block projection whose names match no rule is kept
-  as component ``"other"``.
-* :func:`checkpoint_anatomy` reads tensor names and shapes (a checkpoint's header) and its ``config.json``:
-  the names decide everything. This is the view of mask files and of the scorer, which never load a model.
-
-The two can name the same weights differently: transformers 5 keeps Mixtral's experts as fused 3-D
-parameters in memory but saves the per-expert ``block_sparse_moe.experts.E.w1/w2/w3`` matrices.
-:attr:`Weight.input_key` links them: weights with the same key read the same input activations.
+Two views of the same model: :func:`model_anatomy` reads a loaded ``nn.Module``, where the **structure** decides
+what is a projection (every ``nn.Linear`` / ``Conv1D`` / 3-D expert parameter inside the ``nn.ModuleList`` of
+``config.num_hidden_layers`` blocks) and the names only give component and role (:func:`classify_name`; unmatched:
+``"other"``); :func:`checkpoint_anatomy` reads a checkpoint's tensor names and shapes and its ``config.json``,
+where the names decide everything (the view of mask files and of the scorer, which never load a model). The two
+can name the same weights differently (transformers 5 keeps Mixtral's experts fused in memory but saves per-expert
+matrices); :attr:`Weight.input_key` links them.
 """
 
 from __future__ import annotations
 
+import functools
 import re
 from collections import Counter
 from collections.abc import Iterable, Mapping
@@ -43,7 +36,9 @@ __all__ = [
     "checkpoint_anatomy",
     "classify_name",
     "find_blocks",
+    "is_linear_module",
     "layer_of",
+    "linear_weights",
     "model_anatomy",
     "num_layers_of",
 ]
@@ -115,18 +110,8 @@ EXPERT_PARAMETER_ROLES: dict[str, str] = {
 #: What each role reads: the component's input (``in``), the attention output (``attn_out``, for ``o``) or the
 #: MLP's intermediate activation (``mid``, for ``down`` / ``fc_out``).
 _INPUT_KIND: dict[str, str] = {
-    "q": "in",
-    "k": "in",
-    "v": "in",
-    "qkv": "in",
-    "gate": "in",
-    "up": "in",
-    "gate_up": "in",
-    "fc_in": "in",
-    "router": "in",
-    "o": "attn_out",
-    "down": "mid",
-    "fc_out": "mid",
+    **dict.fromkeys(("q", "k", "v", "qkv", "gate", "up", "gate_up", "fc_in", "router"), "in"),
+    **{"o": "attn_out", "down": "mid", "fc_out": "mid"},
 }
 #: Leaves of transformers ``Conv1D`` layers (GPT-2 family), stored ``(d_in, d_out)``.
 _CONV1D_LEAVES: tuple[str, ...] = ("c_attn", "c_proj", "c_fc")
@@ -392,12 +377,57 @@ class Anatomy:
         return f"{self.num_layers} blocks: {parts or 'no projection weights'}"
 
 
+@functools.cache
 def _conv1d_type() -> type | None:
     try:
         from transformers.pytorch_utils import Conv1D
     except ImportError:  # pragma: no cover - transformers is a dependency
         return None
     return Conv1D
+
+
+def is_linear_module(module: torch.nn.Module) -> bool:
+    """``nn.Linear`` (subclasses included) or transformers ``Conv1D``: the modules whose 2-D weight is a projection."""
+    conv1d = _conv1d_type()
+    return isinstance(module, torch.nn.Linear) or (conv1d is not None and isinstance(module, conv1d))
+
+
+def linear_weights(model: torch.nn.Module) -> list[Weight]:
+    """Every ``nn.Linear`` / ``Conv1D`` with a 2-D weight in the whole model except the embeddings and ``lm_head``,
+    in model order (FRAG's ``linear`` target): blocks or not, classified by the name rules when they match
+    (component ``other`` and the leaf as role when not)."""
+    conv1d = _conv1d_type()
+    excluded: set[int] = set()
+    for getter in ("get_output_embeddings", "get_input_embeddings"):
+        fn = getattr(model, getter, None)
+        module = fn() if callable(fn) else None
+        if isinstance(module, torch.nn.Module):
+            excluded.add(id(module))
+            weight = getattr(module, "weight", None)
+            if isinstance(weight, torch.Tensor):
+                excluded.add(id(weight))
+    found: list[Weight] = []
+    for name, module in model.named_modules():
+        weight = getattr(module, "weight", None)
+        if not is_linear_module(module) or not isinstance(weight, torch.Tensor) or weight.dim() != 2:
+            continue
+        leaf = name.rsplit(".", 1)[-1]
+        if id(module) in excluded or id(weight) in excluded or leaf == "lm_head" or "embed" in name:
+            continue
+        named = classify_name(f"{name}.weight")
+        found.append(
+            Weight(
+                name=f"{name}.weight",
+                layer=layer_of(f"{name}.weight"),
+                component=named.component if named else "other",
+                role=named.role if named else leaf,
+                shape=tuple(weight.shape),
+                transposed=conv1d is not None and isinstance(module, conv1d),
+                module=name,
+                hook="linear",
+            )
+        )
+    return found
 
 
 def find_blocks(model: torch.nn.Module, num_layers: int | None = None) -> tuple[str, torch.nn.ModuleList]:
@@ -483,8 +513,7 @@ def _classify_module_param(
     hidden: int | None,
 ) -> Weight | None:
     named = classify_name(full, shape)
-    linear = isinstance(module, torch.nn.Linear) or (conv1d is not None and isinstance(module, conv1d))
-    if linear and pname in ("weight", "bias"):
+    if is_linear_module(module) and pname in ("weight", "bias"):
         base = named or Weight(name=full, layer=layer, component="other", role=module_name.rsplit(".", 1)[-1])
         transposed = conv1d is not None and isinstance(module, conv1d) and pname == "weight"
         return replace(
