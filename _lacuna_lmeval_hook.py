@@ -20,21 +20,18 @@ _TARGET = "lm_eval.tasks.manager"
 
 
 def lacuna_task_dir() -> str | None:
-    """Our task YAML directory, located without importing ``lacuna_tasks``."""
-    from importlib.util import find_spec
+    """Our task YAML directory (None if lacuna_tasks is not importable or has no YAMLs).
 
+    ``lacuna_tasks.register.tasks_dir`` is the one lookup for both install kinds. It is imported here, not at
+    interpreter start: this runs only once lm-eval imports its task manager, and ``lacuna_tasks.register`` needs
+    nothing but the standard library.
+    """
     try:
-        spec = find_spec("lacuna_tasks")
-    except (ImportError, ValueError):
+        from lacuna_tasks.register import tasks_dir
+
+        return str(tasks_dir())
+    except (ImportError, FileNotFoundError):
         return None
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    pkg = list(spec.submodule_search_locations)[0]
-    # Wheel installs ship the YAMLs inside the package; source checkouts keep them at the repo root.
-    for candidate in (os.path.join(os.path.dirname(pkg), "task_yamls"), os.path.join(pkg, "task_yamls")):
-        if os.path.isfile(os.path.join(candidate, "lacuna.yaml")):
-            return candidate
-    return None
 
 
 def _already_discovered(module, ours: str) -> bool:
@@ -95,7 +92,11 @@ class _ManagerFinder:
             try:
                 _patch(module)
             except Exception as exc:  # never break lm-eval because of our hook
-                print(f"lacuna-bench: could not register tasks with lm-eval ({exc})", file=sys.stderr)
+                import logging
+
+                logging.getLogger("lacuna_tasks.register").warning(
+                    "lacuna-bench: could not register tasks with lm-eval (%s)", exc
+                )
 
         spec.loader.exec_module = exec_module
         return spec

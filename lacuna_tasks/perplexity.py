@@ -18,7 +18,8 @@ names the file: a perplexity probe over nothing would be a silent zero. The file
 task's config (``metadata.lacuna_neutral_heldout``), so two runs can be checked to have read the same text.
 
 :func:`perplexity_ratio` reads two lm-eval results (before and after unlearning) and returns
-after / before of the word perplexity: > 1 means the text became less likely.
+after / before of the word perplexity: > 1 means the text became less likely. :func:`word_perplexity_ratio` is the
+ratio rule itself, for callers that already hold the two numbers.
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ __all__ = [
     "perplexity_ratio",
     "process_results",
     "read_neutral_heldout",
+    "word_perplexity_ratio",
 ]
 
 #: The task's name in lm-eval and the file the testbed builder writes into ``data/`` (defined in schema).
@@ -134,7 +136,7 @@ def perplexity_ratio(
     *,
     metric: str = "word_perplexity",
 ) -> float:
-    """after / before of ``metric`` of :data:`TASK` in two lm-eval results.
+    """after / before of ``metric`` of :data:`TASK` in two lm-eval results (:func:`word_perplexity_ratio`).
 
     Each argument is a results file written by ``lm_eval --output_path``, its parsed JSON, or the output of
     :func:`lacuna_tasks.evaluate.evaluate` (metric keys without the ``,none`` filter suffix). When both
@@ -147,7 +149,22 @@ def perplexity_ratio(
     fb, fa = _fingerprint(b), _fingerprint(a)
     if fb is not None and fa is not None and fb != fa:
         raise LacunaDataError(f"{TASK}: before and after read different held-out text ({fb} vs {fa})")
-    return _metric(a, metric, "after") / _metric(b, metric, "before")
+    ratio = word_perplexity_ratio(_metric(a, metric, "after"), _metric(b, metric, "before"))
+    if ratio is None:  # unreachable: _metric returns finite positive numbers only
+        raise ValueError(f"{TASK}: no {metric} ratio")
+    return ratio
+
+
+def word_perplexity_ratio(after: float | None, before: float | None) -> float | None:
+    """after / before of a perplexity, rounded to 6 decimals: > 1 means the text became less likely.
+
+    None when either value is missing or ``before`` is 0 (no ratio to report). The one rule for the ratio:
+    :func:`perplexity_ratio` (two lm-eval results files) and ``lacuna run``'s ``behaviour.neutral_ppl_ratio``
+    (the baseline's and a method's ``neutral_word_perplexity``, docs/tasks.md) both go through it.
+    """
+    if not before or after is None:
+        return None
+    return round(after / before, 6)
 
 
 def _results(value: Mapping[str, Any] | str | os.PathLike[str], which: str) -> Mapping[str, Any]:

@@ -7,19 +7,38 @@
 * ``icr_prompt`` prepends in-context retain QA pairs of other people (docs/definitions.md#worst-case-metrics, in
   LACUNA's Q/A format).
 
-All randomness goes through ``stable_rng`` (SHA-256 of the identifying parts), never Python's
-``hash()``, so prompts are identical across processes and machines.
+All randomness goes through ``lacuna_tasks.seeding.stable_rng`` (SHA-256 of the identifying parts), never
+Python's ``hash()``, so prompts are identical across processes and machines. ``stable_seed`` / ``stable_rng`` stay
+importable from here for older importers.
 """
 
 from __future__ import annotations
 
-import hashlib
 import random
 import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from lacuna_tasks.schema import get_field
+from lacuna_tasks.schema import MISSING_VALUES, get_field
+from lacuna_tasks.seeding import stable_rng, stable_seed
+
+__all__ = [
+    "CONTINUATIONS",
+    "MAX_INFO_PER_PROMPT",
+    "PARAPHRASES",
+    "PII_TO_MATCH",
+    "full_name",
+    "lacuna_question",
+    "paraphrases",
+    "person_from_question",
+    "pick_icr_examples",
+    "possessive",
+    "probe_prompt",
+    "qa_prompt",
+    "qa_text",
+    "stable_rng",
+    "stable_seed",
+]
 
 #: LACUNA's ``pii_to_match``: profile columns used as context facts (docs/definitions.md#qa-templates).
 PII_TO_MATCH: tuple[str, ...] = (
@@ -215,19 +234,7 @@ PARAPHRASES: dict[str, tuple[str, ...]] = {
     ),
 }
 
-_MISSING = {"N/A", "{}", "None", ""}
 _QUESTION_TAIL = re.compile(r"What is (his|her|their) [^?]+\?\s*$")
-
-
-def stable_seed(*parts: Any) -> int:
-    """A 64-bit seed from SHA-256 of the parts (process-independent, unlike ``hash()``)."""
-    digest = hashlib.sha256("\x1f".join(str(p) for p in parts).encode("utf-8")).digest()
-    return int.from_bytes(digest[:8], "big")
-
-
-def stable_rng(*parts: Any) -> random.Random:
-    """A ``random.Random`` seeded by ``stable_seed(*parts)``."""
-    return random.Random(stable_seed(*parts))
 
 
 def possessive(gender: str | None) -> str:
@@ -242,7 +249,7 @@ def full_name(profile: Mapping[str, Any]) -> str:
 def lacuna_question(profile: Mapping[str, Any], field: str, rng: random.Random) -> str:
     """LACUNA's multi-sentence question for ``field`` about ``profile`` (docs/definitions.md#qa-templates)."""
     column = get_field(field).column
-    candidates = [c for c in PII_TO_MATCH if c != column and str(profile.get(c, "N/A")) not in _MISSING]
+    candidates = [c for c in PII_TO_MATCH if c != column and str(profile.get(c, "N/A")) not in MISSING_VALUES]
     k = min(rng.randint(1, MAX_INFO_PER_PROMPT), len(candidates))
     chosen = rng.sample(candidates, k)
     values = {c: profile[c] for c in chosen}

@@ -1,7 +1,9 @@
 """Where our task YAMLs live, and a ready lm-eval ``TaskManager`` for the Python API.
 
 The bare ``lm_eval --tasks lacuna_email`` CLI finds the tasks through the ``.pth`` hook
-(``_lacuna_lmeval_hook.py``); these helpers serve ``--include_path`` users and Python callers.
+(``_lacuna_lmeval_hook.py``), which asks :func:`tasks_dir` too: it is the one lookup for both install kinds, so this
+module imports nothing outside the standard library at module level (the hook imports it inside lm-eval's task
+manager import). These helpers serve ``--include_path`` users and Python callers.
 """
 
 from __future__ import annotations
@@ -12,9 +14,12 @@ from typing import Any
 
 
 def tasks_dir() -> Path:
-    """The directory holding ``lacuna.yaml`` and the leaf task YAMLs."""
+    """The directory holding ``lacuna.yaml`` and the leaf task YAMLs.
+
+    Source checkouts (and editable installs) keep ``task_yamls/`` at the repository root, read live; wheels ship a
+    copy inside the package (pyproject's ``force-include``).
+    """
     package = Path(__file__).resolve().parent
-    # Source checkouts keep task_yamls/ at the repo root; wheels ship it inside the package.
     for candidate in (package.parent / "task_yamls", package / "task_yamls"):
         if (candidate / "lacuna.yaml").is_file():
             return candidate

@@ -54,6 +54,14 @@ FIELDS: dict[str, Field] = {
 
 _BY_COLUMN: dict[str, Field] = {f.column: f for f in FIELDS.values()}
 
+#: Profile values that mean "this person has no such fact" (PANORAMA writes N/A, an empty dict, None or nothing).
+MISSING_VALUES: frozenset[str] = frozenset({"N/A", "{}", "None", ""})
+
+#: A profile's ``role``: ``target`` people are the ones splits are built from; ``qa_tuning`` people are held
+#: out for instruction tuning and in no split (docs/definitions.md#qa-tuning).
+ROLE_TARGET = "target"
+ROLE_QA_TUNING = "qa_tuning"
+
 
 class LacunaDataError(ValueError):
     """Bad LACUNA data: the message names the file, split, row and column at fault."""

@@ -1,7 +1,7 @@
 """Relations between the rows and splits of a LACUNA data directory, checked when it is loaded.
 
 :func:`lacuna_tasks.schema.validate_rows` checks each QA row on its own. This module checks what the
-rows say about each other: the relations :func:`lacuna_tasks.generate.build_splits` creates and the
+rows say about each other: the relations :func:`lacuna_tasks.splits.build_splits` creates and the
 released LACUNA datasets follow (the split invariants are also pinned by ``tests/test_generate.py``):
 
 * keys: ``profiles`` has one row per ``Unique ID``; ``forget``, ``retain``, ``forget_paraphrased``,
@@ -32,10 +32,9 @@ from pathlib import Path
 from typing import Any
 
 from lacuna_tasks.prompts import full_name
-from lacuna_tasks.schema import LacunaDataError
+from lacuna_tasks.schema import ROLE_QA_TUNING, LacunaDataError
 
 ID_COLUMN = "Unique ID"  #: the profiles table's person ID (PANORAMA's column name)
-ROLE_QA_TUNING = "qa_tuning"  #: held-out instruction-tuning people; in no split (lacuna_tasks.generate)
 
 #: Splits with several rows per (person, field) and the columns that key one row.
 MULTI_ROW_KEYS: dict[str, tuple[str, ...]] = {"relearn": ("ID", "field", "question")}

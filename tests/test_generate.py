@@ -1,4 +1,5 @@
-"""Synthetic PANORAMA profiles, LACUNA split construction and dataset writing (lacuna_tasks.generate)."""
+"""Synthetic PANORAMA profiles, LACUNA split construction and dataset writing (lacuna_tasks.profiles, .bios, .splits
+and the lacuna_tasks.generate entry)."""
 
 from __future__ import annotations
 
@@ -14,22 +15,19 @@ from pathlib import Path
 
 import pytest
 
-from lacuna_tasks import generate as gen
-from lacuna_tasks.generate import (
-    LOCALES,
-    PROFILE_COLUMNS,
-    bio_texts,
-    build_splits,
-    generate_dataset,
-    generate_profiles,
-    write_dataset,
-)
+import lacuna_tasks
+from lacuna_tasks import profiles as prof
+from lacuna_tasks import splits as spl
+from lacuna_tasks.bios import bio_texts
+from lacuna_tasks.generate import generate_dataset
 from lacuna_tasks.loader import fingerprint as loader_fingerprint
 from lacuna_tasks.loader import load_data
+from lacuna_tasks.profiles import LOCALES, PROFILE_COLUMNS, faker_version, generate_profiles
 from lacuna_tasks.prompts import full_name
-from lacuna_tasks.schema import FIELDS, FORGET_GROUPS, QA_COLUMNS, RETAIN_GROUPS, SPLITS, validate_rows
+from lacuna_tasks.schema import FIELDS, FORGET_GROUPS, QA_COLUMNS, RETAIN_GROUPS, SPLITS, get_field, validate_rows
+from lacuna_tasks.splits import build_splits, write_dataset
 
-BUNDLED = Path(gen.__file__).parent / "data" / "default"
+BUNDLED = Path(lacuna_tasks.__file__).parent / "data" / "default"
 EMAIL_RE = re.compile(r"^[a-z0-9][a-z0-9._]*@[a-z0-9-]+(\.[a-z0-9-]+)+$")
 DL_RE = re.compile(r"^[A-Z]{2}-DL-\d{7,12}$")
 MAIN_SPLITS = ("forget", "retain", "forget_paraphrased", "retain_paraphrased")
@@ -76,16 +74,16 @@ def test_columns_are_panorama_plus_group_and_role(profiles):
 
 def test_field_formats(profiles):
     for p in profiles:
-        cc = gen.COUNTRY_CODES[p["Locale"]]
+        cc = prof.COUNTRY_CODES[p["Locale"]]
         assert uuid.UUID(p["Unique ID"]).version == 4
         assert p["Gender"] in ("Male", "Female", "Non-Binary", "Other")
         assert 18 <= p["Age"] <= 90
         born = dt.date.fromisoformat(p["Birth Date"])
-        ref = gen.REFERENCE_DATE
+        ref = prof.REFERENCE_DATE
         assert ref.year - born.year - ((ref.month, ref.day) < (born.month, born.day)) == p["Age"]
         email = p["Email Address"]
         assert EMAIL_RE.match(email) and email == email.lower(), email
-        assert email.split("@")[1] in gen.EMAIL_DOMAINS[p["Locale"]]
+        assert email.split("@")[1] in prof.EMAIL_DOMAINS[p["Locale"]]
         dl = p["Driver's License"]
         assert dl == "N/A" or (DL_RE.match(dl) and dl.startswith(f"{cc}-DL-")), dl
         phone = p["Phone Number"]
@@ -131,8 +129,8 @@ def test_full_scale_uniqueness_and_bundled_reproduction():
     assert [sum(p["group_id"] == g for p in tuning) for g in range(6)] == [25] * 6
 
     manifest = json.loads((BUNDLED / "manifest.json").read_text(encoding="utf-8"))
-    if manifest["faker_version"] != gen._faker_version():
-        pytest.skip(f"bundled data made with Faker {manifest['faker_version']}, installed {gen._faker_version()}")
+    if manifest["faker_version"] != faker_version():
+        pytest.skip(f"bundled data made with Faker {manifest['faker_version']}, installed {faker_version()}")
     splits = build_splits(full, seed=42, people_per_field=100, validation_people=100)
     assert load_data(BUNDLED).fingerprint == manifest["fingerprint"]
     assert loader_fingerprint({s: splits[s] for s in SPLITS}) == manifest["fingerprint"]
@@ -217,7 +215,7 @@ def memorized_from(profiles, seed: int = 0) -> dict[tuple[str, str], list[str]]:
     for p in profiles:
         for key, field in FIELDS.items():
             if p["role"] == "target" and p[field.column] != "N/A":
-                out[(p["Unique ID"], key)] = gen._distinct_questions(p, key, seed, 3)
+                out[(p["Unique ID"], key)] = spl._distinct_questions(p, key, seed, 3)
     return out
 
 
@@ -238,7 +236,7 @@ def test_memorized_eligibility_needs_two_distinct_questions(profiles):
     assert qa_person not in people(r for rows in s.values() for r in rows)
     for split in (*MAIN_SPLITS, "validation", "relearn"):
         for r in s[split]:
-            assert r["question"] in memorized[(r["ID"], gen.get_field(r["field"]).key)]
+            assert r["question"] in memorized[(r["ID"], get_field(r["field"]).key)]
     assert build_splits(profiles, seed=3, people_per_field=8, validation_people=3, memorized=memorized) == s
 
     with pytest.raises(ValueError, match="unknown person ID"):
@@ -278,7 +276,7 @@ def test_write_dataset_files_and_manifest(tmp_path, profiles, splits):
     assert read_jsonl(out / "profiles.jsonl") == profiles
     manifest = json.loads((out / "manifest.json").read_text(encoding="utf-8"))
     assert manifest["seed"] == 3 and manifest["generator"] == "lacuna_tasks.generate"
-    assert manifest["faker_version"] == gen._faker_version()
+    assert manifest["faker_version"] == faker_version()
     assert manifest["counts"]["forget"]["rows"] == len(splits["forget"])
     digest = manifest["fingerprint"]
     assert digest == load_data(out).fingerprint
@@ -319,7 +317,7 @@ def test_write_is_atomic_on_failure(tmp_path, profiles, splits, monkeypatch):
             raise OSError("disk full")
         real_replace(src, dst)
 
-    monkeypatch.setattr(gen.os, "replace", failing_replace)
+    monkeypatch.setattr(spl.os, "replace", failing_replace)
     changed = {s: [dict(r, question=r["question"] + " ") for r in rows] for s, rows in splits.items()}
     with pytest.raises(OSError, match="disk full"):
         write_dataset(out, profiles, changed)
@@ -351,3 +349,12 @@ def test_bundled_default_dataset_is_valid_and_matches_manifest():
     for split in MAIN_SPLITS:
         assert manifest["counts"][split]["by_field"] == {f.column: 100 for f in FIELDS.values()}
     assert manifest["counts"]["validation"]["by_field"]["Email Address"] == 200
+
+
+def test_generate_keeps_the_old_import_path():
+    """lacuna_unlearn and older scripts import the split-out names from lacuna_tasks.generate."""
+    from lacuna_tasks import generate
+
+    assert generate.build_splits is build_splits and generate.write_dataset is write_dataset
+    assert generate.generate_profiles is generate_profiles and generate.bio_texts is bio_texts
+    assert set(generate.__all__) <= set(dir(generate))

@@ -21,6 +21,7 @@ from lacuna_tasks.perplexity import (
     neutral_heldout_path,
     perplexity_ratio,
     read_neutral_heldout,
+    word_perplexity_ratio,
 )
 from lacuna_tasks.schema import LacunaDataError
 
@@ -97,6 +98,17 @@ def test_ratio_helper(tmp_path):
         perplexity_ratio(tmp_path / "missing.json", _fake(1.0))
     with pytest.raises(ValueError, match="unknown perplexity metric"):
         perplexity_ratio(_fake(1.0), _fake(1.0), metric="acc")
+    assert perplexity_ratio(_fake(3.0), _fake(10.0)) == round(10.0 / 3.0, 6)  # the rounding of lacuna run
+
+
+def test_word_perplexity_ratio_rule():
+    """The rule lacuna run's behaviour.neutral_ppl_ratio uses: rounded to 6 decimals, None without a baseline."""
+    assert word_perplexity_ratio(15.0, 10.0) == 1.5
+    assert word_perplexity_ratio(10.0, 3.0) == 3.333333
+    assert word_perplexity_ratio(0.0, 4.0) == 0.0
+    assert word_perplexity_ratio(None, 4.0) is None
+    assert word_perplexity_ratio(4.0, None) is None
+    assert word_perplexity_ratio(4.0, 0.0) is None
 
 
 @pytest.mark.slow

@@ -19,9 +19,9 @@ from lacuna_tasks.prompts import (
     pick_icr_examples,
     probe_prompt,
     qa_prompt,
-    stable_seed,
 )
 from lacuna_tasks.schema import FIELDS, LacunaDataError
+from lacuna_tasks.seeding import stable_rng, stable_seed
 
 PROFILE = {
     "First Name": "Ada",
@@ -82,7 +82,7 @@ def test_person_from_question_round_trip():
 
 
 def test_stable_seed_is_process_independent():
-    code = "from lacuna_tasks.prompts import stable_seed; print(stable_seed('p1', 'email', 3))"
+    code = "from lacuna_tasks.seeding import stable_seed; print(stable_seed('p1', 'email', 3))"
     outs = {
         subprocess.run(
             [sys.executable, "-c", code], capture_output=True, text=True, check=True, env={"PYTHONHASHSEED": seed}
@@ -90,6 +90,16 @@ def test_stable_seed_is_process_independent():
         for seed in ("1", "2")
     }
     assert outs == {str(stable_seed("p1", "email", 3))}
+
+
+def test_seeding_values_and_old_import_path():
+    """Pinned values: a change here changes every generated dataset, prompt and probe (docs/tasks.md)."""
+    from lacuna_tasks import prompts
+
+    assert prompts.stable_seed is stable_seed and prompts.stable_rng is stable_rng
+    assert stable_seed("p1", "email", 3) == stable_seed("p1", "email", "3") != stable_seed("p1", "email", 4)
+    assert stable_rng("a", 1).random() == random.Random(stable_seed("a", 1)).random()
+    assert stable_seed("p1", "email", 3) == 6755222653578664534  # first 8 bytes of SHA-256("p1\x1femail\x1f3")
 
 
 def test_icr_examples_deterministic_and_exclude_the_person():
