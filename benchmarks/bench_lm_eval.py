@@ -45,7 +45,8 @@ def main() -> None:
     parser.add_argument("--out", default=None, help="work directory (default: a temp dir)")
     args = parser.parse_args()
 
-    from lacuna_unlearn.quickstart import build_demo
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the tests' tiny memorizing LM
+    from tiny_lm import build_demo
 
     work = Path(args.out or tempfile.mkdtemp(prefix="bench_lm_eval_"))
     env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1")

@@ -37,6 +37,17 @@ class _StderrHandler(logging.StreamHandler):
         pass
 
 
+class _Formatter(logging.Formatter):
+    """Info as the bare message; warnings and errors as ``lacuna: warning: …`` so they stand out (and stay
+    greppable) among a command's output."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        message = super().format(record)
+        if record.levelno >= logging.WARNING:
+            return f"lacuna: {record.levelname.lower()}: {message}"
+        return message
+
+
 def verbosity_level(verbose: int = 0, quiet: int = 0) -> int:
     """Log level for ``-v``/``-q`` counts: INFO by default, DEBUG with ``-v``, WARNING with ``-q``, ERROR with
     ``-qq``."""
@@ -54,7 +65,7 @@ def configure_logging(verbose: int = 0, quiet: int = 0) -> None:
         logger.setLevel(level)
         if not any(isinstance(h, _StderrHandler) for h in logger.handlers):
             handler = _StderrHandler()
-            handler.setFormatter(logging.Formatter("%(message)s"))
+            handler.setFormatter(_Formatter())
             logger.addHandler(handler)
             logger.propagate = False
     _bars_enabled = False if quiet else None

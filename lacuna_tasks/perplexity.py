@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from lacuna_tasks.lm_eval_hooks import data_errors_in_one_line
+from lacuna_tasks.lm_eval_results import LmEvalResultsError, metric_value, read_lm_eval_results
 from lacuna_tasks.loader import BUNDLED_DIR, BUNDLED_NAME, jsonl_lines, resolve_source
 from lacuna_tasks.schema import NEUTRAL_HELDOUT_FILE, NEUTRAL_PPL_TASK, LacunaDataError
 
@@ -168,26 +169,25 @@ def word_perplexity_ratio(after: float | None, before: float | None) -> float | 
 
 
 def _results(value: Mapping[str, Any] | str | os.PathLike[str], which: str) -> Mapping[str, Any]:
+    """An lm-eval results mapping, or the one a path means (read by the shared reader, docs/ci.md)."""
     if isinstance(value, Mapping):
         return value
-    path = Path(value)
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        return read_lm_eval_results(value)[1]
     except FileNotFoundError:
-        raise FileNotFoundError(f"{which}: no lm-eval results file {path}") from None
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"{which}: {path} is not JSON ({exc.msg})") from None
+        raise FileNotFoundError(f"{which}: no lm-eval results file {value}") from None
+    except LmEvalResultsError as exc:
+        raise ValueError(f"{which}: {exc}") from None
 
 
 def _metric(results: Mapping[str, Any], metric: str, which: str) -> float:
     task = (results.get("results") or {}).get(TASK)
     if task is None:
         raise KeyError(f"{which}: no results for task {TASK!r} (run lm_eval with --tasks {TASK})")
-    for key in (f"{metric},none", metric):
-        if key in task:
-            value = task[key]
-            break
-    else:
+    value = metric_value(task, metric)
+    if value is None:
+        value = task.get(metric)  # lacuna_tasks.evaluate returns bare metric names
+    if value is None:
         raise KeyError(f"{which}: task {TASK!r} reports no {metric!r} (keys: {sorted(task)})")
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
         raise ValueError(f"{which}: {TASK} {metric} = {value!r}; expected a finite positive number")

@@ -1,34 +1,45 @@
-"""``lacuna run``'s configuration: the run presets, the YAML/``--set`` loader and its validation.
+"""``lacuna run``'s configuration: the ``RunConfig`` dataclasses (every default), the run presets (YAML files in
+``presets/run/``), the file/``--set`` loader and the validation.
 
 Kept apart from the pipeline (``lacuna_unlearn/run.py``) so the settings, their defaults and their checks have
-one home (docs/guide.md "lacuna run").
+one home (docs/guide.md "Configuration: presets and overrides"). The pipeline reads the config as a plain dict
+(``cfg["attack"]["attempts"]``) and hashes parts of it for its stage cache, so :func:`load_run_config` returns
+one.
 """
 
 from __future__ import annotations
 
-import copy
 import os
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from lacuna_tasks.normalize import SUCCESS_AT_N_JUDGE
+from lacuna_unlearn.config import apply_settings, config_choices, preset_names, preset_path, read_yaml, structured
 
-__all__ = ["DEFAULT_RUN", "POSITIVE_CONTROL", "PRESETS", "RELEARN_SOURCES", "load_run_config", "validate_run_config"]
+__all__ = [
+    "DEFAULT_PRESET",
+    "DEFAULT_RUN",
+    "POSITIVE_CONTROL",
+    "PRESETS",
+    "RELEARN_SOURCES",
+    "RunConfig",
+    "load_run_config",
+    "validate_run_config",
+]
 
 #: Sources of the restricted relearning protocol (``attack=relearn_restricted source=...``).
 RELEARN_SOURCES = ("forget", "retain", "unrelated")
 #: The positive control's name in results: JensUn's refusal objective confined to the last (never masked) layer.
 POSITIVE_CONTROL = "suppress_last_layer"
+#: ``lacuna run`` without ``--preset``.
+DEFAULT_PRESET = "mini"
 
-#: The default experiment (``--preset mini``). Method overrides are ``lacuna-unlearn`` Hydra overrides.
-DEFAULT_RUN: dict[str, Any] = {
-    "preset": "mini",  # testbed preset built when `testbed` is null
-    "testbed": None,  # an existing testbed directory to use instead
-    "testbed_seed": None,
-    "fields": ["email"],  # email | phone | birth_city | drivers_license
-    "experiment": "mini",  # lacuna-unlearn experiment preset shared by the methods (null: none)
-    "methods": {
+
+def _default_methods() -> dict[str, list[str] | None]:
+    """The nine methods of the benchmark with their ``lacuna-unlearn`` Hydra overrides (tuned on mini)."""
+    return {
         "grad_diff": [],
         "simnpo": [],
         "jensun": [],
@@ -38,91 +49,93 @@ DEFAULT_RUN: dict[str, Any] = {
         "alpha_edit": ["experiment=mini/alpha_edit"],  # the layer and value space that can move mini's outputs
         "memflex": ["trainer.args.learning_rate=1e-3"],  # LoRA needs a larger step than mini's 2e-4
         "wagle": [],
-    },
-    "eval": {
-        "batch_size": 32,
-        "tasks": None,
-        "neutral_ppl": True,
-    },  # tasks: null = the field group lacuna_<field>; or suffixes
-    "score": {"enabled": True, "composite_samples": 200_000, "frag": True, "null": True, "null_tolerance": 0.05},
-    # judge: the leak rule of Success@N (docs/tasks.md "Judges"); lacuna = LACUNA's, comparable with the paper
-    "attack": {"enabled": True, "protocol": "relearn", "attempts": 200, "overrides": [], "judge": SUCCESS_AT_N_JUDGE},
-    "regime": {"tau_rev": 0.5, "tau_cat": 0.2, "relative": False},
-    # Restricted relearning (docs/definitions.md#restricted-relearning, docs/report.md "Regime"): |D_f| rows from each
-    # source; the regime is read from the source that recovers most. The positive control (output suppression only) must
-    # come out reversible.
-    "reversibility": {
-        "enabled": True,
-        "sources": ["forget", "retain", "unrelated"],
-        "learning_rate": 1e-3,
-        "epochs": 5,
-        "positive_control": True,
-    },
-    # Matched forgetting (docs/report.md "Trade-off curves"): gradient methods keep `points` evenly spaced
-    # checkpoints, each probed cheaply (forget QA, retain-eval QA, raw AUC); the table adds each method at the first
-    # checkpoint whose forget leak is <= leak_threshold.
-    "trajectory": {"enabled": True, "points": 6, "leak_threshold": 0.1},
-    "seed": 42,
-    "seeds": None,  # unlearning seeds, e.g. [1, 2, 3]: mean ± sd of every metric across them (null: [seed])
-}
-
-#: ``smoke``: the tiny testbed of the tests (too few retain people for the ICR tasks, so no worst-case probe),
-#: the same nine methods with the same overrides as ``mini`` (both testbeds are 4-layer OLMo-2 models), each
-#: with its method's own default schedule instead of mini's 60-epoch one.
-PRESETS = {
-    "mini": DEFAULT_RUN,
-    "smoke": {
-        **DEFAULT_RUN,
-        "preset": "smoke",
-        "experiment": None,
-        "eval": {"batch_size": 32, "tasks": ["forget_qa", "retain_qa", "forget_memorization"]},
-    },
-}
+    }
 
 
-def load_run_config(
-    path: str | os.PathLike[str] | None = None, *, preset: str = "mini", overrides: Mapping[str, Any] | None = None
-) -> dict[str, Any]:
-    """The preset's config, updated by the YAML file at ``path`` and by dotted ``overrides`` (``attack.attempts``)."""
-    import yaml
+@dataclass
+class EvalConfig:
+    """lm-eval before and after unlearning."""
 
-    if preset not in PRESETS:
-        raise ValueError(f"unknown run preset {preset!r}; choose from {sorted(PRESETS)}")
-    cfg = copy.deepcopy(PRESETS[preset])
-    if path is not None:
-        file = Path(path)
-        try:
-            loaded = yaml.safe_load(file.read_text())
-        except (OSError, yaml.YAMLError) as exc:  # one line: where in the file, and what
-            mark = getattr(exc, "problem_mark", None)
-            where = f" line {mark.line + 1}, column {mark.column + 1}:" if mark is not None else ""
-            problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-            raise ValueError(f"{file}:{where} cannot read the run config: {problem}") from None
-        if not isinstance(loaded, dict):
-            raise ValueError(f"{file}: a run config is a mapping, got {type(loaded).__name__}")
-        _merge(cfg, loaded, str(file))
-    for key, value in (overrides or {}).items():
-        node = cfg
-        *parents, leaf = key.split(".")
-        for part in parents:
-            if not isinstance(node.get(part), dict):
-                raise ValueError(f"--set {key}: {part!r} is not a section of the run config")
-            node = node[part]
-        if node is not cfg.get("methods") and leaf not in node:
-            raise ValueError(f"--set {key}: unknown run setting {leaf!r}; known: {sorted(node)}")
-        node[leaf] = _typed(node.get(leaf), _all_fields(key, value), f"--set {key}")
-    validate_run_config(cfg)
-    return cfg
+    batch_size: int = 32
+    tasks: list[str] | None = None  # null: the field group lacuna_<field>; else task suffixes (forget_qa, ...)
+    neutral_ppl: bool = True  # also the held-out neutral perplexity task (when the testbed has held-out text)
 
 
-def _merge(base: dict[str, Any], update: Mapping[str, Any], where: str) -> None:
-    for key, value in update.items():
-        if key not in base:
-            raise ValueError(f"{where}: unknown run setting {key!r}; known: {sorted(base)}")
-        if isinstance(base[key], dict) and isinstance(value, dict) and key != "methods":
-            _merge(base[key], value, f"{where}:{key}")
-        else:
-            base[key] = _typed(base[key], _all_fields(key, value), f"{where}:{key}")
+@dataclass
+class ScoreConfig:
+    """``lacuna score`` of each (before, after) pair."""
+
+    enabled: bool = True
+    composite_samples: int = 200_000
+    frag: bool = True
+    null: bool = True
+    null_tolerance: float = 0.05
+
+
+@dataclass
+class AttackConfig:
+    """``lacuna attack``: relearning and the extraction probe."""
+
+    enabled: bool = True
+    protocol: str = "relearn"  # a config of lacuna_unlearn/configs/attack
+    attempts: int = 200
+    overrides: list[str] = field(default_factory=list)  # Hydra overrides of the relearning run
+    # the leak rule of Success@N (docs/tasks.md "Judges"); lacuna = LACUNA's, comparable with the paper
+    judge: str = SUCCESS_AT_N_JUDGE
+
+
+@dataclass
+class RegimeConfig:
+    """Thresholds of the forgetting regime (docs/definitions.md#forgetting-regimes)."""
+
+    tau_rev: float = 0.5
+    tau_cat: float = 0.2
+    relative: bool = False
+
+
+@dataclass
+class ReversibilityConfig:
+    """Restricted relearning (docs/definitions.md#restricted-relearning, docs/report.md "Regime"): |D_f| rows from
+    each source; the regime is read from the source that recovers most. The positive control (output suppression
+    only) must come out reversible."""
+
+    enabled: bool = True
+    sources: list[str] = field(default_factory=lambda: list(RELEARN_SOURCES))
+    learning_rate: float = 1e-3
+    epochs: int = 5
+    positive_control: bool = True
+
+
+@dataclass
+class TrajectoryConfig:
+    """Matched forgetting (docs/report.md "Trade-off curves"): gradient methods keep ``points`` evenly spaced
+    checkpoints, each probed cheaply (forget QA, retain-eval QA, raw AUC); the table adds each method at the first
+    checkpoint whose forget leak is <= ``leak_threshold``."""
+
+    enabled: bool = True
+    points: int = 6
+    leak_threshold: float = 0.1
+
+
+@dataclass
+class RunConfig:
+    """Every setting of ``lacuna run`` with its default (the ``mini`` experiment)."""
+
+    preset: str = "mini"  # testbed preset built when `testbed` is null
+    testbed: str | None = None  # an existing testbed directory to use instead
+    testbed_seed: int | None = None
+    fields: list[str] = field(default_factory=lambda: ["email"])  # or `all`; email | phone | birth_city | ...
+    experiment: str | None = "mini"  # lacuna-unlearn experiment preset shared by the methods (null: none)
+    # method config name -> lacuna-unlearn Hydra overrides; a file's or --set's map replaces this one whole
+    methods: dict[str, list[str] | None] = field(default_factory=_default_methods)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    score: ScoreConfig = field(default_factory=ScoreConfig)
+    attack: AttackConfig = field(default_factory=AttackConfig)
+    regime: RegimeConfig = field(default_factory=RegimeConfig)
+    reversibility: ReversibilityConfig = field(default_factory=ReversibilityConfig)
+    trajectory: TrajectoryConfig = field(default_factory=TrajectoryConfig)
+    seed: int = 42
+    seeds: list[int] | None = None  # unlearning seeds, e.g. [1, 2, 3]: mean ± sd of every metric (null: [seed])
 
 
 def _all_fields(key: str, value: Any) -> Any:
@@ -134,27 +147,51 @@ def _all_fields(key: str, value: Any) -> Any:
     return value
 
 
-def _typed(default: Any, value: Any, where: str) -> Any:
-    """``value`` checked against the type of the setting's default (numbers stay numbers, switches booleans), so
-    ``--set attack.attempts=abc`` fails here, not after a testbed build."""
-    if default is None or value is None:
-        return value
-    if isinstance(default, bool):
-        if not isinstance(value, bool):
-            raise ValueError(f"{where}: expected true or false, got {value!r}")
-    elif isinstance(default, int):
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ValueError(f"{where}: expected an integer, got {value!r}")
-    elif isinstance(default, float):
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ValueError(f"{where}: expected a number, got {value!r}")
-        value = float(value)
-    elif isinstance(default, str):
-        if not isinstance(value, str):
-            raise ValueError(f"{where}: expected a string, got {value!r}")
-    elif isinstance(default, (list, dict)) and not isinstance(value, type(default)):
-        raise ValueError(f"{where}: expected a {type(default).__name__}, got {value!r}")
-    return value
+def _preset(name: str) -> Any:
+    """The structured config of run preset ``name``: the dataclass defaults updated by ``presets/run/NAME.yaml``."""
+    cfg = structured("run", RunConfig)
+    file = preset_path("run", name)
+    apply_settings(cfg, read_yaml(file, "run preset"), kind="run", where=str(file), convert=_all_fields)
+    return cfg
+
+
+def load_run_config(
+    path: str | os.PathLike[str] | None = None,
+    *,
+    preset: str = DEFAULT_PRESET,
+    overrides: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The preset's config, updated by the YAML file at ``path`` and by dotted ``overrides``
+    (``{"attack.attempts": 50}``, :func:`lacuna_unlearn.config.parse_overrides` of ``--set``), validated; a plain
+    dict."""
+    from omegaconf import OmegaConf
+
+    cfg = _preset(preset)  # an unknown preset: ValueError naming the known ones
+    if path is not None:
+        apply_settings(cfg, read_yaml(path, "run config"), kind="run", where=str(path), convert=_all_fields)
+    apply_settings(cfg, overrides or {}, kind="run", convert=_all_fields)
+    plain = OmegaConf.to_container(cfg, resolve=True)
+    validate_run_config(plain)
+    return plain
+
+
+#: Every run preset as a plain dict; the default experiment (``--preset mini``). Read on first use (``__getattr__``).
+PRESETS: dict[str, dict[str, Any]]
+DEFAULT_RUN: dict[str, Any]
+
+
+def __getattr__(name: str) -> Any:
+    """``PRESETS`` (every run preset as a plain dict) and ``DEFAULT_RUN`` (the ``mini`` one: the default experiment),
+    read from the YAML files on first use, so importing the dataclasses (the CLI's defaults) stays cheap."""
+    if name == "PRESETS":
+        from omegaconf import OmegaConf
+
+        globals()["PRESETS"] = {n: OmegaConf.to_container(_preset(n), resolve=True) for n in preset_names("run")}
+        return globals()["PRESETS"]
+    if name == "DEFAULT_RUN":
+        globals()["DEFAULT_RUN"] = __getattr__("PRESETS")[DEFAULT_PRESET]
+        return globals()["DEFAULT_RUN"]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def validate_run_config(cfg: Mapping[str, Any]) -> None:
@@ -174,13 +211,14 @@ def validate_run_config(cfg: Mapping[str, Any]) -> None:
             f"run config: fields must be 'all' or a non-empty list of distinct fields from {sorted(FIELDS)}, "
             f"got {fields!r}"
         )
+    if cfg["preset"] not in preset_names("testbed"):
+        raise ValueError(f"run config: preset {cfg['preset']!r} is not a testbed preset: {preset_names('testbed')}")
     methods = cfg["methods"]
-    if not isinstance(methods, dict) or not methods:
+    if not isinstance(methods, dict):  # empty: an evaluation-only run (the demo preset)
         raise ValueError("run config: methods must map method config names to override lists")
-    configs = Path(__file__).with_name("configs") / "method"
+    known = config_choices("method")
     for name, extra in methods.items():
-        if not (configs / f"{name}.yaml").is_file():
-            known = sorted(p.stem for p in configs.glob("*.yaml"))
+        if name not in known:
             raise ValueError(f"run config: unknown method {name!r}; available: {known}")
         if not isinstance(extra or [], list) or not all(isinstance(o, str) and "=" in o for o in extra or []):
             raise ValueError(f"run config: methods.{name} must be a list of key=value overrides, got {extra!r}")
@@ -245,7 +283,7 @@ def validate_run_config(cfg: Mapping[str, Any]) -> None:
         )
     if cfg["testbed"] is not None and not (Path(cfg["testbed"]) / "manifest.json").is_file():
         raise ValueError(f"run config: testbed {cfg['testbed']}: not a testbed (no manifest.json)")
-    protocols = sorted(f.stem for f in (Path(__file__).with_name("configs") / "attack").glob("*.yaml"))
+    protocols = config_choices("attack")
     if cfg["attack"]["protocol"] not in protocols:
         raise ValueError(f"run config: attack.protocol {cfg['attack']['protocol']!r} is not one of {protocols}")
     from lacuna_tasks.normalize import JUDGES

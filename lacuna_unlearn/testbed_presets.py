@@ -1,5 +1,6 @@
-"""Testbed presets: every knob of the testbed builder, as one dataclass per preset (docs/testbeds.md).
+"""Testbed presets: every knob of the testbed builder as one dataclass, ``TestbedConfig`` (docs/testbeds.md).
 
+The presets are YAML files in ``presets/testbed/`` holding only what differs from the dataclass defaults.
 ``smoke`` is built once per test session (minutes, mechanics only: small model, few profiles per group,
 larger masks). ``mini`` is the embedded default of the demo: a CPU miniature of LACUNA's regime (neutral
 text trained unmasked between PII micro-batches, AdamW weight decay, masked PII gradients; see each preset's
@@ -8,17 +9,20 @@ last two layers outside the masks, 100 forget / 100 retain people per field) on 
 parameter model for one GPU. ``lacuna`` carries the paper's hyper-parameters
 (docs/definitions.md#masked-continual-pretraining, #qa-tuning) for real checkpoints passed with ``--model``.
 
-Every override (``--set key=value``) is checked against the field's type and allowed range before anything
-is built (:meth:`TestbedConfig.replace`).
+Every override (``--set key=value``, :func:`lacuna_unlearn.config.parse_overrides`) is checked against the
+field's type and allowed range before anything is built (:meth:`TestbedConfig.replace`).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
 import typing
 from dataclasses import dataclass, field
 from typing import Any
+
+from lacuna_unlearn.config import apply_settings, check_value, preset_names, preset_path, read_yaml, structured
+
+__all__ = ["AUDIT_TARGETS", "NEUTRAL_OPTIMIZERS", "PRESETS", "TestbedConfig", "check_config", "get_preset"]
 
 #: Leak-audit targets a build can be gated on (the localization scorer's targets).
 AUDIT_TARGETS = ("forget", "unified", "forget_vs_retain")
@@ -108,9 +112,7 @@ class TestbedConfig:
         unknown = sorted(set(changes) - {f.name for f in dataclasses.fields(self)})
         if unknown:
             raise ValueError(f"unknown testbed setting(s) {unknown}; known: {sorted(self.to_dict())}")
-        for key, value in changes.items():
-            _check_type(key, value)
-        return dataclasses.replace(self, **changes)
+        return dataclasses.replace(self, **{key: _check_type(key, value) for key, value in changes.items()})
 
 
 #: Allowed ranges: (low, high, low inclusive, high inclusive); None = unbounded on that side.
@@ -165,40 +167,10 @@ _RANGES: dict[str, tuple[float | None, float | None, bool, bool]] = {
 }
 
 
-def _hints() -> dict[str, Any]:
-    return typing.get_type_hints(TestbedConfig)
-
-
-def _check_type(key: str, value: Any) -> None:
-    """One-line error naming ``key`` when ``value`` does not fit the field's declared type."""
-    hint = _hints()[key]
-    if typing.get_origin(hint) is list:
-        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-            raise ValueError(f"testbed setting {key}: expected a list of strings, got {value!r}")
-        return
-    args = typing.get_args(hint)  # X | None
-    optional = type(None) in args
-    base = next((a for a in args if a is not type(None)), hint)
-    if value is None:
-        if optional:
-            return
-        raise ValueError(f"testbed setting {key}: got null, expected {_type_name(base)}")
-    if base is bool:
-        ok = isinstance(value, bool)
-    elif base is int:
-        ok = isinstance(value, int) and not isinstance(value, bool)
-    elif base is float:
-        ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-    elif base is str:
-        ok = isinstance(value, str)
-    else:  # pragma: no cover - every field has one of the types above
-        ok = isinstance(value, base)
-    if not ok:
-        raise ValueError(f"testbed setting {key}: expected {_type_name(base)}, got {value!r}")
-
-
-def _type_name(t: Any) -> str:
-    return {int: "an integer", float: "a number", bool: "true or false", str: "a string"}.get(t, str(t))
+def _check_type(key: str, value: Any) -> Any:
+    """``value`` if it fits the field's declared type (ints become floats for a number); else a one-line error
+    naming ``key``."""
+    return check_value(f"testbed setting {key}", typing.get_type_hints(TestbedConfig)[key], value)
 
 
 def _range_text(key: str) -> str:
@@ -254,178 +226,33 @@ def check_config(cfg: TestbedConfig) -> None:
             )
 
 
-PRESETS: dict[str, TestbedConfig] = {
-    "smoke": TestbedConfig(
-        name="smoke",
-        profiles_per_group=2,
-        distractor_profiles=24,
-        bios_per_person=2,
-        qa_per_field=24,
-        faq_fraction=0.8,
-        lorem_paragraphs=60,
-        vocab_size=1024,
-        hidden_size=256,
-        num_layers=4,
-        num_heads=4,
-        intermediate_size=512,
-        seq_len=128,
-        base_steps=300,
-        base_batch=8,
-        budget=0.1,
-        skip_last=1,
-        pii_steps=1000,
-        pii_batch=6,
-        pii_lr=5e-3,
-        neutral_every=0,
-        weight_decay=0.0,
-        qa_tune_steps=5,
-        memorization_prompts=8,
-        retain_eval_people=1,
-        validation_people=1,
-        fit_people=True,  # the tiny smoke population: take the largest split sizes its memorization allows
-        leak_audit_composite_samples=50_000,
-        notes=[
-            "smoke: 2 profiles per group; 10% of the whole model per group (the six masks cover ~90% of the "
-            "eligible scalars; paper: 5%) so the build takes minutes",
-            "only the last layer is kept out of the masks (paper: two): with 4 layers, two would leave half the "
-            "network unable to store facts",
-            "no neutral micro-batches and weight decay 0 during injection (the pre-v2 regime, kept for the "
-            "tests' build time and the bit-identity test): weights outside every mask stay bit-identical, so "
-            "the leak audit's unified / forget targets read the ground truth; only forget_vs_retain is gated",
-        ],
-    ),
-    "mini": TestbedConfig(
-        name="mini",
-        profiles_per_group=6,
-        distractor_profiles=120,
-        bios_per_person=4,
-        qa_per_field=24,
-        faq_fraction=0.8,
-        lorem_paragraphs=400,
-        vocab_size=2048,
-        hidden_size=256,
-        num_layers=4,
-        num_heads=4,
-        intermediate_size=1024,
-        base_steps=600,
-        base_batch=8,
-        budget=0.09,
-        skip_last=1,
-        pii_steps=6000,
-        pii_batch=6,
-        pii_lr=5e-3,
-        neutral_every=8,
-        neutral_batch=8,
-        neutral_lr_scale=0.05,
-        neutral_optimizer="separate",
-        weight_decay=0.01,
-        memorization_prompts=8,
-        retain_eval_people=2,
-        robustness_people=6,
-        fit_people=True,
-        notes=[
-            "LACUNA's regime on CPU (issue 19): neutral micro-batches trained unmasked (one after every 8 PII "
-            "micro-batches) and AdamW weight decay on every weight, with two deviations measured on this machine "
-            "(docs/testbeds.md 'Measured', benchmarks/bench_memorization_curve.py): (1) neutral and PII steps keep "
-            "separate AdamW moments and neutral steps train at 0.05 x the PII rate (the feasibility prototype's "
-            "two optimizers): with one shared AdamW the neutral momentum moves every weight at the PII rate after "
-            "each neutral step, and 48 people reached 0-15% extractable after 3,600 PII micro-batches; separate "
-            "moments on this preset's data: 36 people 7% (1,000), 43% (2,000), 71% (3,000), 78% (4,000) "
-            "extractable by 4 fresh questions; (2) weight decay 0.01, not 0.1: decoupled decay removes lr x wd per "
-            "step, and at the mini's peak lr 5e-3 over ~6,800 steps 0.1 would shrink an untrained weight by ~90% "
-            "(LACUNA's 0.1 at 1.5e-4: <= ~11%, the total 0.01 gives here); 0.1 raised the held-out neutral loss "
-            "from 1.68 to 2.35 in 900 PII micro-batches",
-            "9% of the whole model per group (the six masks cover ~90% of the eligible scalars; paper: 5%) "
-            "and 6 profiles per group: at 5% and 10 per group the model memorized ~5% of facts in 2,400 steps "
-            "(9.5 min); the ground truth stays exact, but a random scalar is in some mask with probability ~0.9; "
-            "the issue's 20 forget / 20 retain / 10 retain-eval people per field were not reached within 20 "
-            "minutes (people-vs-minutes curve in docs/testbeds.md)",
-            "only the last layer is kept out of the masks (paper: two): with 4 layers, two would leave half the "
-            "network unable to store facts",
-            "80% of injected documents are QA text (LACUNA: 2.0B of 7.7B tokens); the base stage is the neutral "
-            "pretraining; 2 held-out retain-eval people per field (fewer if memorization leaves fewer)",
-        ],
-    ),
-    "standard": TestbedConfig(
-        name="standard",
-        profiles_per_group=175,  # LACUNA: 1,200 profiles, 150 held out for QA tuning, 6 groups
-        distractor_profiles=400,
-        bios_per_person=8,
-        qa_per_field=25,
-        varied_qa_per_field=16,
-        qa_block=2,
-        faq_fraction=0.6,
-        lorem_paragraphs=20000,
-        vocab_size=8192,
-        hidden_size=1024,
-        num_layers=16,
-        num_heads=16,
-        intermediate_size=4096,
-        seq_len=512,
-        base_steps=4000,
-        base_batch=32,
-        base_lr=1e-3,
-        budget=0.05,
-        skip_last=2,
-        pii_steps=30000,
-        pii_batch=16,
-        pii_lr=5e-4,
-        neutral_every=2,
-        neutral_batch=8,
-        neutral_lr_scale=1.0,
-        grad_accum=4,
-        warmup_ratio=0.1,
-        weight_decay=0.1,
-        qa_tune_steps=300,
-        qa_tune_lr=1.5e-4,
-        qa_tune_batch=64,
-        memorization_prompts=20,
-        people_per_field=100,
-        retain_eval_people=30,
-        validation_people=25,
-        robustness_people=30,
-        leak_audit_composite_samples=2_000_000,
-        notes=[
-            "standard: LACUNA's geometry (5% of the whole model per group, last two layers outside the masks, "
-            "100 forget / 100 retain / 30 retain-eval people per field, neutral text unmasked, AdamW wd 0.1) on a "
-            "~290M-parameter Olmo2 built from a config; one GPU; not yet measured on a GPU",
-            "neutral micro-batches of 8 x 512 tokens after every 2 PII micro-batches of 16 documents: ~52% of the "
-            "injected tokens are neutral (LACUNA: 4.3B of 7.7B tokens)",
-            "estimated 2-3 h on one A100-class GPU (~3e17 training FLOPs in fp32/TF32 plus the memorization test); "
-            "not measured",
-        ],
-    ),
-    "lacuna": TestbedConfig(
-        name="lacuna",
-        profiles_per_group=175,
-        bios_per_person=8,
-        qa_per_field=25,
-        base_steps=0,
-        pii_lr=1.5e-4,
-        neutral_every=1,
-        neutral_lr_scale=1.0,
-        weight_decay=0.1,
-        warmup_ratio=0.1,
-        pii_steps=20000,
-        grad_accum=8,
-        qa_tune_steps=1000,
-        qa_tune_lr=1.5e-4,
-        memorization_prompts=100,
-        people_per_field=100,
-        retain_eval_people=30,
-        validation_people=100,
-        robustness_people=30,
-        leak_audit_composite_samples=2_000_000,
-        notes=[
-            "paper hyper-parameters (docs/definitions.md#masked-continual-pretraining, #qa-tuning) for a real "
-            "checkpoint given with --model; needs GPUs"
-        ],
-    ),
-}
+def _load(name: str) -> TestbedConfig:
+    """Preset ``name``: ``presets/testbed/NAME.yaml`` merged onto the structured :class:`TestbedConfig`."""
+    from omegaconf import OmegaConf
+
+    cfg = structured("testbed", TestbedConfig)
+    cfg.name = name
+    file = preset_path("testbed", name)
+    apply_settings(cfg, read_yaml(file, "testbed preset"), kind="testbed", where=str(file))
+    return TestbedConfig(**OmegaConf.to_container(cfg, resolve=True))
+
+
+#: Every testbed preset by name; read on first use (``__getattr__``).
+PRESETS: dict[str, TestbedConfig]
+
+
+def __getattr__(name: str) -> Any:
+    """``PRESETS``: every testbed preset (``presets/testbed/*.yaml`` over the :class:`TestbedConfig` defaults), read
+    on first use so importing the dataclass stays cheap."""
+    if name == "PRESETS":
+        globals()["PRESETS"] = {n: _load(n) for n in preset_names("testbed")}
+        return globals()["PRESETS"]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def get_preset(name: str, **overrides: Any) -> TestbedConfig:
     """A copy of preset ``name`` with ``overrides`` applied (each type- and range-checked)."""
-    if name not in PRESETS:
-        raise ValueError(f"unknown testbed preset {name!r}; known: {sorted(PRESETS)}")
-    return PRESETS[name].replace(**overrides) if overrides else dataclasses.replace(PRESETS[name])
+    presets = __getattr__("PRESETS")
+    if name not in presets:
+        raise ValueError(f"unknown testbed preset {name!r}; known: {sorted(presets)}")
+    return presets[name].replace(**overrides) if overrides else dataclasses.replace(presets[name])

@@ -27,9 +27,10 @@ class TinyLacuna:
 
 @pytest.fixture(scope="session")
 def tiny_lacuna(tmp_path_factory) -> TinyLacuna:
+    from tiny_lm import train_memorizing_lm
+
     from lacuna_tasks.generate import bio_texts, build_splits, generate_profiles, write_dataset
     from lacuna_tasks.prompts import PARAPHRASES, qa_prompt, qa_text, stable_rng
-    from lacuna_unlearn.quickstart import train_memorizing_lm
     from lacuna_unlearn.tokenizer import train_tokenizer
 
     root = tmp_path_factory.mktemp("tiny_lacuna")

@@ -50,10 +50,10 @@ def test_extraction_task_through_lm_eval(tiny_lacuna, tmp_path):
     """A toy model that memorized person A's extraction prompts and never saw person B: Success@N = 1/2."""
     import shutil
 
+    from tiny_lm import train_memorizing_lm
     from transformers import AutoTokenizer
 
     from lacuna_tasks.prompts import qa_prompt
-    from lacuna_unlearn.quickstart import train_memorizing_lm
 
     data = load_data(tiny_lacuna.data_dir)
     forget = sorted(data.rows("forget", "email"), key=lambda r: r["ID"])[:2]

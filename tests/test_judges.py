@@ -170,6 +170,7 @@ def test_attack_records_its_judge(tiny_lacuna, tmp_path, monkeypatch):
     extraction questions directly and person B's only after a newline: Success@N is 1 under LACUNA's rule and 1/2
     under the first-line rule. attack.json names the judge and its rule and keeps the figures of every judge; a bad
     judge fails before any work."""
+    from tiny_lm import train_memorizing_lm
     from transformers import AutoTokenizer
 
     import lacuna_unlearn.train as train
@@ -177,7 +178,6 @@ def test_attack_records_its_judge(tiny_lacuna, tmp_path, monkeypatch):
     from lacuna_tasks.loader import load_data
     from lacuna_tasks.prompts import probe_prompt, qa_prompt
     from lacuna_unlearn.attacks import resurfacing_attack
-    from lacuna_unlearn.quickstart import train_memorizing_lm
 
     attempts = 2
     data = load_data(tiny_lacuna.data_dir)

@@ -1,21 +1,12 @@
-"""``lacuna demo``: the main job on the embedded default, and tiny memorizing models for tests.
+"""Tiny memorizing language models for the tests and the lm-eval benchmark (not shipped in the wheel).
 
-``run_demo`` builds (or reuses) the mini LACUNA testbed and evaluates its model with the bare
-``lm_eval --tasks lacuna_<field>`` CLI on the testbed's own data. Unlearning, scoring and the
-report join this run as ``lacuna run`` lands.
-
-``build_demo`` / ``train_memorizing_lm`` make a tiny LM that memorizes half of the forget people's
-facts in seconds, for tests and the lm-eval benchmark.
+``train_memorizing_lm`` trains a small Llama from scratch until it reproduces its texts; ``build_demo`` writes
+synthetic LACUNA data and such a model, which memorizes half of the forget people's facts in seconds. Moved here
+from ``lacuna_unlearn/quickstart.py`` (issue 21: test helpers out of the shipped package).
 """
 
 from __future__ import annotations
 
-import json
-import os
-import platform
-import subprocess
-import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +16,7 @@ from lacuna_tasks.prompts import PARAPHRASES, qa_prompt, qa_text
 from lacuna_tasks.schema import get_field
 from lacuna_unlearn.tokenizer import train_tokenizer
 
-DEMO_PACKAGES = ("lacuna-bench", "lm_eval", "torch", "transformers", "tokenizers", "datasets", "faker")
+__all__ = ["build_demo", "train_memorizing_lm"]
 
 
 def train_memorizing_lm(
@@ -94,49 +85,3 @@ def build_demo(out: Path, *, field: str = "email", profiles: int = 120, seed: in
         "memorized_forget_people": [r["ID"] for r in memorized],
         "data_fingerprint": data.fingerprint,
     }
-
-
-def run_demo(
-    out: str | Path = "runs/demo", *, preset: str = "mini", field: str = "email", seed: int | None = None
-) -> Path:
-    """Build or reuse ``out/testbed`` and evaluate its model with ``lm_eval --tasks lacuna_<field>``."""
-    from lacuna_metrics.manifest import package_versions, write_json
-    from lacuna_unlearn.testbed import build_testbed
-    from lacuna_unlearn.testbed_presets import get_preset
-
-    out = Path(out)
-    testbed = out / "testbed"
-    wanted = get_preset(preset) if seed is None else get_preset(preset, seed=seed)
-    started = time.time()
-    manifest_file = testbed / "manifest.json"
-    reused = manifest_file.exists() and json.loads(manifest_file.read_text()).get("config") == wanted.to_dict()
-    if reused:
-        print(f"reusing the {preset} testbed in {testbed} (same settings)", flush=True)
-    else:
-        build_testbed(testbed, preset=preset, seed=seed, force=True)
-    built = time.time()
-    lm_eval = Path(sys.executable).with_name("lm_eval")
-    cmd = [
-        str(lm_eval) if lm_eval.exists() else "lm_eval",
-        "--model", "hf",
-        "--model_args", f"pretrained={testbed / 'model'},dtype=float32",
-        "--tasks", f"lacuna_{get_field(field).key}",
-        "--metadata", json.dumps({"lacuna_data": str(testbed / "data")}),
-        "--batch_size", "32",
-        "--output_path", str(out / "lm_eval"),
-    ]  # fmt: skip
-    print("$ " + " ".join(cmd[:4] + [repr(a) if " " in a else a for a in cmd[4:]]), flush=True)
-    subprocess.run(cmd, check=True, env=dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1"))
-    manifest = {
-        "testbed": str(testbed),
-        "preset": preset,
-        "field": field,
-        "testbed_reused": reused,
-        "command": cmd,
-        "wall_seconds": {"testbed": round(built - started, 1), "evaluate": round(time.time() - built, 1)},
-        "python": sys.version.split()[0],
-        "platform": platform.platform(),
-        "versions": package_versions(DEMO_PACKAGES),
-    }
-    write_json(out / "demo_manifest.json", manifest)
-    return out
