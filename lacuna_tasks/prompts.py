@@ -4,7 +4,7 @@
   1-4 random context facts, then "What is his <Field>?".
 * ``PARAPHRASES`` holds 15 genuinely different questions per target field (JensUn-style worst-case
   probing, docs/definitions.md#worst-case-metrics: original + 15 paraphrases).
-* ``icr_prompt`` prepends in-context retain QA pairs of other people (docs/definitions.md#worst-case-metrics, in
+* ``probe_prompt`` with ``pick_icr_examples`` prepends in-context retain QA pairs of other people (docs/definitions.md#worst-case-metrics, in
   LACUNA's Q/A format).
 
 All randomness goes through ``lacuna_tasks.seeding.stable_rng`` (SHA-256 of the identifying parts), never
