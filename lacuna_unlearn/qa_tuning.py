@@ -4,49 +4,26 @@ held-out people's QA, merged into the weights. Loss on answer tokens only."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import torch
-from torch.utils.data import Dataset
 from transformers import Trainer, TrainingArguments
 
 from lacuna_unlearn.injection import use_stage_progress
 from lacuna_unlearn.lora import linear_module_names
+from lacuna_unlearn.qa_encoding import QA_TUNING_FORMAT, QACollator, encode_pair
 
 
-class QADataset(Dataset):
-    """Prompt + answer + EOS; labels are -100 over the prompt (answer-only loss)."""
-
-    def __init__(self, tokenizer, pairs: Sequence[tuple[str, str]], max_len: int = 256) -> None:
-        if not pairs:
-            raise ValueError("QA dataset is empty")
-        self.items = []
-        for prompt, answer in pairs:
-            head = prompt.rstrip(" ")
-            prompt_ids = tokenizer.encode(head)
-            ids = tokenizer.encode(head + prompt[len(head) :] + answer) + [tokenizer.eos_token_id]
-            ids = ids[:max_len]
-            labels = [-100] * len(prompt_ids) + ids[len(prompt_ids) :]
-            self.items.append((ids, labels[: len(ids)]))
-        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-
-    def __len__(self) -> int:
-        return len(self.items)
-
-    def __getitem__(self, i: int) -> tuple[list[int], list[int]]:
-        return self.items[i]
-
-    def collate(self, batch: Sequence[tuple[list[int], list[int]]]) -> dict[str, torch.Tensor]:
-        width = max(len(ids) for ids, _ in batch)
-        ids = torch.full((len(batch), width), self.pad_id, dtype=torch.long)
-        labels = torch.full((len(batch), width), -100, dtype=torch.long)
-        attention = torch.zeros((len(batch), width), dtype=torch.long)
-        for row, (i, lab) in enumerate(batch):
-            ids[row, : len(i)] = torch.tensor(i)
-            labels[row, : len(lab)] = torch.tensor(lab)
-            attention[row, : len(i)] = 1
-        return {"input_ids": ids, "attention_mask": attention, "labels": labels}
+def encode_pairs(tokenizer: Any, pairs: Sequence[tuple[str, str]], max_len: int = 256) -> list[dict[str, torch.Tensor]]:
+    """QA-tuning items: ``(prompt, answer)`` pairs (prompts already in :func:`lacuna_tasks.prompts.qa_prompt`'s
+    format) encoded with :data:`lacuna_unlearn.qa_encoding.QA_TUNING_FORMAT`: prompt + answer + EOS, labels -100
+    over the prompt (answer-only loss), the right end cut at ``max_len``."""
+    if not pairs:
+        raise ValueError("QA dataset is empty")
+    fmt = replace(QA_TUNING_FORMAT, max_length=max_len)
+    return [encode_pair(tokenizer, prompt, answer, fmt) for prompt, answer in pairs]
 
 
 def qa_tune(
@@ -80,7 +57,8 @@ def qa_tune(
         task_type="CAUSAL_LM",
     )
     peft_model = get_peft_model(model, config)
-    data = QADataset(tokenizer, pairs)
+    data = encode_pairs(tokenizer, pairs)
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     args = TrainingArguments(
         output_dir=str(out_dir),
         per_device_train_batch_size=batch_size,
@@ -100,7 +78,7 @@ def qa_tune(
         dataloader_pin_memory=False,
         use_cpu=not torch.cuda.is_available(),
     )
-    trainer = Trainer(model=peft_model, args=args, train_dataset=data, data_collator=data.collate)
+    trainer = Trainer(model=peft_model, args=args, train_dataset=data, data_collator=QACollator(pad_id))
     use_stage_progress(trainer, desc)
     result = trainer.train()
     merged = peft_model.merge_and_unload()

@@ -1,6 +1,7 @@
 """``lacuna-unlearn`` (also ``python -m lacuna_unlearn.train``): the Hydra entry point of the trainer.
 
-Config groups ship in ``lacuna_unlearn/configs``: ``method/`` (one file per method, ``method.args.*``),
+Config groups ship in ``lacuna_unlearn/configs``: ``method/`` (one file per method, ``method.args.*``; the defaults
+are the method dataclass's, registered in Hydra's ConfigStore by :mod:`lacuna_unlearn.methods.registry`),
 ``trainer/`` (``trainer.args.*`` = HF ``TrainingArguments`` names), ``experiment/`` presets and ``attack/``
 relearning protocols, overridden on the command line as in OpenUnlearning::
 
@@ -17,6 +18,8 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 from typing import Any
+
+from lacuna_unlearn.methods.registry import EDITORS, config_defaults, resolve, store_method_configs
 
 __all__ = ["EDITORS", "main", "preflight", "run"]
 
@@ -67,7 +70,7 @@ def run(cfg: Any) -> Path:
 
     eval_rows = None
     if attack:
-        from lacuna_unlearn.attacks import attack_rows, holdout
+        from lacuna_unlearn.relearn_rows import attack_rows, holdout
 
         rows = attack_rows(
             data,
@@ -161,7 +164,7 @@ def preflight(cfg: Any) -> None:
         _check_typed("lora", {k: v for k, v in lora.items() if k in ("r", "lora_alpha", "lora_dropout", "enabled")},
                      {"r": 8, "lora_alpha": 16, "lora_dropout": 0.0, "enabled": False})  # fmt: skip
     if cfg.get("attack"):
-        from lacuna_unlearn.attacks import check_attack_settings
+        from lacuna_unlearn.relearn_rows import check_attack_settings
 
         check_attack_settings(cfg)
     args = OmegaConf.to_container(cfg.trainer.args, resolve=True)
@@ -198,15 +201,12 @@ def preflight(cfg: Any) -> None:
 
 
 def _method_defaults(cfg: Any) -> dict[str, Any]:
-    """``args`` of the shipped ``configs/method/<name>.yaml`` (global-package files nest them under ``method``)."""
-    from omegaconf import OmegaConf
-
-    file = Path(__file__).with_name("configs") / "method" / f"{cfg.method.get('name')}.yaml"
-    if not file.is_file():
+    """``method.args`` defaults of the configured method: its registered dataclass's
+    (:func:`lacuna_unlearn.methods.registry.config_defaults`); none for an unknown name (refused later)."""
+    try:
+        return config_defaults(str(cfg.method.get("name")))
+    except ValueError:
         return {}
-    shipped = OmegaConf.to_container(OmegaConf.load(file))
-    shipped = shipped.get("method", shipped) if isinstance(shipped, dict) else {}
-    return dict(shipped.get("args") or {})
 
 
 def _check_typed(prefix: str, values: dict[str, Any], defaults: dict[str, Any]) -> None:
@@ -226,21 +226,11 @@ def _check_typed(prefix: str, values: dict[str, Any], defaults: dict[str, Any]) 
             raise ValueError(f"{prefix}.{key}={value!r}: expected {kind}")
 
 
-#: Training-free methods (closed-form edits, pruning): ``method.name`` -> "module:function". Each function takes
-#: ``(model, forget_rows, retain_rows, out, args, *, seed, data)`` and writes an HF checkpoint to ``out``.
-EDITORS = {
-    "frp": "lacuna_unlearn.methods.frp:run_from_config",
-    "alpha_edit": "lacuna_unlearn.methods.alpha_edit:run_from_config",
-    "selective_pruning": "lacuna_unlearn.methods.selective_pruning:run_from_config",
-}
-
-
 def _run_editor(
     cfg: Any, model: Path | str, data: Any, forget_rows: list, retain_rows: list, args: dict, lora: Any
 ) -> Path:
-    """A training-free method: no optimizer, so ``lora=`` and ``restrict=`` do not apply (refused, not ignored)."""
-    import importlib
-
+    """A training-free method (an ``editor`` of :mod:`lacuna_unlearn.methods.registry`): no optimizer, so ``lora=``
+    and ``restrict=`` do not apply (refused, not ignored)."""
     name = cfg.method.name
     if lora is not None or (cfg.restrict or cfg.method.get("restrict") or "none") != "none":
         raise ValueError(f"method={name} edits weights directly (no training): lora and restrict do not apply")
@@ -251,8 +241,7 @@ def _run_editor(
         if not cfg.force:
             raise FileExistsError(f"{out} exists; pass force=true to overwrite")
         shutil.rmtree(out)
-    module, function = EDITORS[name].split(":")
-    run_editor = getattr(importlib.import_module(module), function)
+    run_editor = resolve(name, "editor")
     return run_editor(model, forget_rows, retain_rows, out, args, seed=int(cfg.seed), data=data)
 
 
@@ -263,7 +252,10 @@ def main() -> None:
     import hydra
 
     from lacuna_metrics.threads import configure_threads
+    from lacuna_tasks.logs import configure_logging
 
+    configure_logging()  # the methods' progress lines (e.g. MemFlex's localisation) go to stderr
+    store_method_configs()  # the method defaults configs/method/*.yaml extend (Hydra may read the files directly)
     try:
         configure_threads()
     except ValueError as exc:

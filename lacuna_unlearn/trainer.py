@@ -34,15 +34,13 @@ from typing import Any
 import torch
 from transformers import Trainer, TrainerCallback, TrainingArguments
 
-from lacuna_metrics.manifest import hardware, package_versions, write_json
+from lacuna_metrics.manifest import build_manifest, write_json
 from lacuna_metrics.masks import MaskSet
 from lacuna_unlearn.lora import LoraSettings
 from lacuna_unlearn.methods import Method
 from lacuna_unlearn.unlearn_data import ForgetRetainDataset, QADataset, collate_forget_retain, eos_appended
 
 __all__ = ["TrainConfig", "UnlearnTrainer", "freeze_input_embeddings", "unlearn"]
-
-UNLEARN_PACKAGES = ("lacuna-bench", "torch", "transformers", "accelerate", "peft")
 
 
 class UnlearnTrainer(Trainer):
@@ -209,9 +207,7 @@ def unlearn(
         )
     model = AutoModelForCausalLM.from_pretrained(model_dir, local_files_only=True, trust_remote_code=False)
     frozen = freeze_input_embeddings(model) if freeze_embeddings else None  # before the restriction picks parameters
-    prepare = getattr(method, "prepare", None)
-    if callable(prepare):  # e.g. JensUn tokenizes its refusal string
-        prepare(tokenizer)
+    method.prepare(tokenizer)  # e.g. JensUn and IdkDPO tokenize their refusal string
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     forget = QADataset(forget_rows, tokenizer, train.max_length, name="forget", append_eos=append_eos)
     retain = (
@@ -219,6 +215,7 @@ def unlearn(
         if method.needs_retain
         else None
     )
+    alternate_ids = method.alternate_answer_ids()  # IdkDPO: its refusal side, encoded once here, not every step
     labels_info = {
         "append_eos": bool(append_eos),
         "eos_token_id": tokenizer.eos_token_id,
@@ -301,8 +298,10 @@ def unlearn(
     trainer = UnlearnTrainer(
         model=model,
         args=args,
-        train_dataset=ForgetRetainDataset(forget, retain),
-        eval_dataset=ForgetRetainDataset(evaluation, None) if evaluation is not None else None,
+        train_dataset=ForgetRetainDataset(forget, retain, _alternate(forget, alternate_ids)),
+        eval_dataset=ForgetRetainDataset(evaluation, None, _alternate(evaluation, alternate_ids))
+        if evaluation is not None
+        else None,
         data_collator=collate,
         method=method,
         ref_model=ref_model,
@@ -352,40 +351,38 @@ def unlearn(
             losses = [h for h in trainer.state.log_history if "loss" in h]
             write_json(
                 partial / "unlearn_manifest.json",
-                {
-                    "method": method_name or type(method).__name__,
-                    "config": dict(config) if config is not None else None,
-                    "method_args": asdict(method),
-                    "train": asdict(train),
-                    "restrict": restrict,
-                    "freeze_embeddings": {k: v for k, v in frozen.items() if k != "weight"} if frozen else None,
-                    "labels": labels_info,
-                    "lora": asdict(lora) if lora is not None else None,
-                    "eval": {"rows": len(evaluation), "steps": eval_steps, "best": trainer.state.best_metric}
+                build_manifest(
+                    method=method_name or type(method).__name__,
+                    config=dict(config) if config is not None else None,
+                    method_args=asdict(method),
+                    train=asdict(train),
+                    restrict=restrict,
+                    freeze_embeddings={k: v for k, v in frozen.items() if k != "weight"} if frozen else None,
+                    labels=labels_info,
+                    lora=asdict(lora) if lora is not None else None,
+                    eval={"rows": len(evaluation), "steps": eval_steps, "best": trainer.state.best_metric}
                     if evaluation is not None
                     else None,
-                    "restriction": stats,
-                    "located": None
+                    restriction=stats,
+                    located=None
                     if located is None
                     else {"parameters": len(located), **(getattr(method, "location", None) or {})},
-                    "out_of_mask_unchanged": before is not None,
-                    "model": str(model_dir),
-                    "data": {
+                    out_of_mask_unchanged=before is not None,
+                    model=str(model_dir),
+                    data={
                         "forget": len(forget),
                         "retain": len(retain) if retain else 0,
                         "fingerprint": data_fingerprint,
                     },
-                    "seed": train.seed,
-                    "processes": args.world_size,
-                    "distributed": distributed,
-                    "steps": trainer.state.global_step,
-                    "train_loss": result.training_loss,
-                    "final_log": losses[-1] if losses else None,
-                    "last_method_logs": trainer.last_logs,
-                    "versions": package_versions(UNLEARN_PACKAGES),
-                    "hardware": hardware(),
-                    "wall_seconds": round(time.time() - started, 2),
-                },
+                    seed=train.seed,
+                    processes=args.world_size,
+                    distributed=distributed,
+                    steps=trainer.state.global_step,
+                    train_loss=result.training_loss,
+                    final_log=losses[-1] if losses else None,
+                    last_method_logs=trainer.last_logs,
+                    wall_seconds=round(time.time() - started, 2),
+                ),
             )
             if out.exists():
                 shutil.rmtree(out)
@@ -394,6 +391,11 @@ def unlearn(
         shutil.rmtree(partial, ignore_errors=True)
         raise
     return out
+
+
+def _alternate(data: QADataset, answer_ids: Sequence[int] | None) -> QADataset | None:
+    """``data`` with every answer replaced by ``answer_ids`` (None when the method wants no alternate answers)."""
+    return data.with_answer(answer_ids) if answer_ids is not None else None
 
 
 def _digest(weight: torch.Tensor) -> str:

@@ -14,11 +14,20 @@ with a uniformly random retain item on every access, and one epoch is one pass o
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 import torch
 
 from lacuna_tasks.prompts import probe_prompt
+from lacuna_unlearn.qa_encoding import (
+    IGNORE_INDEX,
+    UNLEARN_FORMAT,
+    QACollator,
+    encode_pair,
+    eos_appended,
+    with_answer,
+)
 
 __all__ = [
     "CROSSFIELD_RETAIN",
@@ -36,7 +45,6 @@ __all__ = [
     "validate_retain_field",
 ]
 
-IGNORE_INDEX = -100
 
 #: ``retain_field`` values besides a field key: ``same`` (the forget field's own retain rows) and ``crossfield``.
 RETAIN_FIELD_MODES: tuple[str, ...] = ("same", "crossfield")
@@ -137,44 +145,34 @@ def split_rows(data: Any, split: str, field: str) -> list[dict[str, Any]]:
     return rows
 
 
-def eos_appended(tokenizer: Any, append_eos: bool = True) -> bool:
-    """Whether :func:`encode_qa` ends the labelled target with EOS: asked for, and the tokenizer has an EOS token."""
-    return bool(append_eos) and getattr(tokenizer, "eos_token_id", None) is not None
-
-
 def encode_qa(
     tokenizer: Any, question: str, answer: str, max_length: int = 256, *, append_eos: bool = True
 ) -> dict[str, torch.Tensor]:
     """Token ids and labels of one QA pair; labels cover `` answer\\n`` and then the tokenizer's EOS (OpenUnlearning
     and LACUNA: the answer plus EOS; none if ``append_eos`` is false or the tokenizer has no EOS token, see
-    :func:`eos_appended`). The prompt's left end is truncated; the labelled target is always kept whole."""
-    prompt = tokenizer(probe_prompt(question), add_special_tokens=False)["input_ids"]
-    target = tokenizer(f" {answer}\n", add_special_tokens=False)["input_ids"]
-    if not target:
-        raise ValueError(f"answer {answer!r} tokenizes to nothing")
-    if eos_appended(tokenizer, append_eos) and target[-1] != tokenizer.eos_token_id:  # "appends EOS if missing"
-        target = [*target, int(tokenizer.eos_token_id)]
-    if len(target) >= max_length:
-        raise ValueError(f"answer of {len(target)} tokens does not fit max_length={max_length}")
-    prompt = prompt[-(max_length - len(target)) :]
-    ids = prompt + target
-    labels = [IGNORE_INDEX] * len(prompt) + target
-    return {"input_ids": torch.tensor(ids), "labels": torch.tensor(labels)}
+    :func:`eos_appended`). The prompt's left end is truncated; the labelled target is always kept whole
+    (:data:`lacuna_unlearn.qa_encoding.UNLEARN_FORMAT`)."""
+    fmt = replace(UNLEARN_FORMAT, max_length=max_length, eos="if_missing" if append_eos else "none")
+    return encode_pair(tokenizer, probe_prompt(question), f" {answer}\n", fmt)
 
 
 class QADataset(torch.utils.data.Dataset):
-    """Tokenized QA rows (``question`` / ``answer`` keys, the ``lacuna_tasks`` schema); ``append_eos`` as in
-    :func:`encode_qa`."""
+    """Tokenized QA rows (``question`` / ``answer`` keys, the ``lacuna_tasks`` schema) in the unlearning format
+    (:func:`encode_qa`), or pre-encoded ``items``."""
 
     def __init__(
         self,
         rows: Sequence[Mapping[str, Any]],
-        tokenizer: Any,
+        tokenizer: Any = None,
         max_length: int = 256,
         name: str = "",
         *,
         append_eos: bool = True,
+        items: Sequence[dict[str, torch.Tensor]] | None = None,
     ) -> None:
+        if items is not None:
+            self.items = list(items)
+            return
         if not rows:
             raise ValueError(f"the {name or 'QA'} split is empty")
         self.items = []
@@ -189,46 +187,37 @@ class QADataset(torch.utils.data.Dataset):
     def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
         return self.items[i]
 
+    def with_answer(self, answer_ids: Sequence[int]) -> QADataset:
+        """The same prompts, every answer replaced by ``answer_ids`` (IdkDPO's refusal), encoded once."""
+        return QADataset((), items=[with_answer(item, answer_ids) for item in self.items])
+
 
 class ForgetRetainDataset(torch.utils.data.Dataset):
     """``forget[i]`` with a uniformly random ``retain`` item (drawn anew on every access, from torch's RNG,
-    which the Trainer seeds); ``len`` is the forget set's, so an epoch is one pass over it."""
+    which the Trainer seeds); ``len`` is the forget set's, so an epoch is one pass over it. ``alternate[i]``, when
+    given, rides along as ``forget_alternate`` (the same prompt with another answer, e.g. IdkDPO's refusal)."""
 
-    def __init__(self, forget: QADataset, retain: QADataset | None) -> None:
-        self.forget, self.retain = forget, retain
+    def __init__(self, forget: QADataset, retain: QADataset | None, alternate: QADataset | None = None) -> None:
+        if alternate is not None and len(alternate) != len(forget):
+            raise ValueError(f"alternate answers: {len(alternate)} items for {len(forget)} forget items")
+        self.forget, self.retain, self.alternate = forget, retain, alternate
 
     def __len__(self) -> int:
         return len(self.forget)
 
     def __getitem__(self, i: int) -> dict[str, dict[str, torch.Tensor]]:
         item = {"forget": self.forget[i]}
+        if self.alternate is not None:
+            item["forget_alternate"] = self.alternate[i]
         if self.retain is not None:
             item["retain"] = self.retain[int(torch.randint(len(self.retain), (1,)))]
         return item
 
 
-def _pad(items: Sequence[Mapping[str, torch.Tensor]], pad_id: int) -> dict[str, torch.Tensor]:
-    """Right-pad ids with ``pad_id`` and labels with -100; the attention mask comes from the lengths."""
-    width = max(int(it["input_ids"].numel()) for it in items)
-    ids = torch.full((len(items), width), pad_id, dtype=torch.long)
-    labels = torch.full((len(items), width), IGNORE_INDEX, dtype=torch.long)
-    mask = torch.zeros((len(items), width), dtype=torch.long)
-    for row, it in enumerate(items):
-        n = int(it["input_ids"].numel())
-        ids[row, :n], labels[row, :n], mask[row, :n] = it["input_ids"], it["labels"], 1
-    return {"input_ids": ids, "attention_mask": mask, "labels": labels}
-
-
-def collate_forget_retain(pad_id: int):  # noqa: ANN201 - returns a collate function
-    """A collator for :class:`ForgetRetainDataset` batches: ``{"forget": {...}, "retain": {...}}``."""
-
-    def collate(batch: Sequence[Mapping[str, Mapping[str, torch.Tensor]]]) -> dict[str, dict[str, torch.Tensor]]:
-        out = {"forget": _pad([b["forget"] for b in batch], pad_id)}
-        if "retain" in batch[0]:
-            out["retain"] = _pad([b["retain"] for b in batch], pad_id)
-        return out
-
-    return collate
+def collate_forget_retain(pad_id: int) -> QACollator:
+    """The collator of :class:`ForgetRetainDataset` batches: ``{"forget": {...}, "retain": {...}}``
+    (:class:`lacuna_unlearn.qa_encoding.QACollator`)."""
+    return QACollator(pad_id)
 
 
 def replace_answers(batch: Mapping[str, torch.Tensor], answer_ids: Sequence[int]) -> dict[str, torch.Tensor]:

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from lacuna_tasks.loader import load_data
-from lacuna_unlearn.attacks import SOURCES, attack_rows, holdout, unrelated_qa
+from lacuna_unlearn.relearn_rows import SOURCES, attack_rows, holdout, unrelated_qa
 from lacuna_unlearn.unlearn_data import split_rows
 
 

@@ -95,3 +95,32 @@ def test_losses_count_the_eos_label(tok):
         n = item["labels"].numel()
         assert a["labels"][row, n - 1] == tok.eos_token_id and a["attention_mask"][row, n - 1] == 1
         assert (a["labels"][row, n:] == IGNORE_INDEX).all()
+
+
+def _old_qa_tuning_item(tokenizer, prompt: str, answer: str, max_len: int) -> tuple[list[int], list[int]]:
+    """The QA-tuning encoding as ``lacuna_unlearn.qa_tuning.QADataset`` computed it before issue 21."""
+    head = prompt.rstrip(" ")
+    prompt_ids = tokenizer.encode(head)
+    ids = (tokenizer.encode(head + prompt[len(head) :] + answer) + [tokenizer.eos_token_id])[:max_len]
+    labels = [-100] * len(prompt_ids) + ids[len(prompt_ids) :]
+    return ids, labels[: len(ids)]
+
+
+@pytest.mark.parametrize("max_len", [256, 12])
+def test_qa_tuning_keeps_its_own_rule_through_the_shared_encoding(tok, max_len):
+    """One encoding for both callers; QA tuning keeps its rule (joint tokenization with special tokens, EOS always,
+    right truncation) through QA_TUNING_FORMAT, and the shared collator pads as its own collate did."""
+    from lacuna_tasks.prompts import qa_prompt
+    from lacuna_unlearn.qa_encoding import QACollator
+    from lacuna_unlearn.qa_tuning import encode_pairs
+
+    pairs = [(qa_prompt(QUESTION), ANSWER), (qa_prompt("Where was Bob born?"), "Paris")]
+    items = encode_pairs(tok, pairs, max_len)
+    old = [_old_qa_tuning_item(tok, p, a, max_len) for p, a in pairs]
+    assert [(it["input_ids"].tolist(), it["labels"].tolist()) for it in items] == old
+    batch = QACollator(tok.pad_token_id)(items)
+    width = max(len(ids) for ids, _ in old)
+    assert batch["input_ids"].shape == (2, width) and batch["attention_mask"].sum(1).tolist() == [
+        len(i) for i, _ in old
+    ]
+    assert batch["labels"][1, len(old[1][0]) :].eq(IGNORE_INDEX).all()

@@ -1,54 +1,27 @@
-"""Unlearning methods: one small module each, registered by name (OpenUnlearning's registry pattern).
+"""Unlearning methods: one small module each, registered by name in :mod:`lacuna_unlearn.methods.registry`
+(OpenUnlearning's registry pattern).
 
-Training-free methods (FRP, AlphaEdit, Selective Pruning) are not losses; ``lacuna_unlearn.train.EDITORS``
-dispatches them.
+A trained method turns a ``{"forget": batch, "retain": batch}`` input into a loss, using the shared helpers of
+:mod:`lacuna_unlearn.losses`; ``needs_reference`` asks the trainer for a frozen copy of the initial model.
+Training-free methods (FRP, AlphaEdit, Selective Pruning) are not losses: the registry's ``editor`` entries,
+dispatched by :func:`lacuna_unlearn.train.run`.
 
-A method turns a ``{"forget": batch, "retain": batch}`` input into a loss, using the shared helpers of
-:mod:`lacuna_unlearn.losses`. ``needs_reference`` asks the trainer for a frozen copy of the initial model.
+Importing this package is cheap (no torch): the method modules load when a method is looked up, and
+:class:`Method` when it is first named.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from lacuna_unlearn.methods.base import Method
-from lacuna_unlearn.methods.finetune import Finetune
-from lacuna_unlearn.methods.grad_ascent import GradAscent
-from lacuna_unlearn.methods.grad_diff import GradDiff
-from lacuna_unlearn.methods.idk_dpo import IdkDPO
-from lacuna_unlearn.methods.jensun import JensUn
-from lacuna_unlearn.methods.memflex import MemFlex
-from lacuna_unlearn.methods.npo import NPO
-from lacuna_unlearn.methods.rlabel import RLabel
-from lacuna_unlearn.methods.rmu import RMU
-from lacuna_unlearn.methods.simnpo import SimNPO
-from lacuna_unlearn.methods.undial import UNDIAL
-from lacuna_unlearn.methods.wagle import WAGLE
+from lacuna_unlearn.methods.registry import EDITORS, METHODS, make_method
 
-__all__ = ["METHODS", "Method", "make_method"]
-
-METHODS: dict[str, type[Method]] = {
-    "grad_ascent": GradAscent,
-    "grad_diff": GradDiff,
-    "npo": NPO,
-    "simnpo": SimNPO,
-    "rmu": RMU,
-    "jensun": JensUn,
-    "rlabel": RLabel,
-    "undial": UNDIAL,
-    "idk_dpo": IdkDPO,
-    "memflex": MemFlex,  # LoRA parameters located by forget/retain gradients (docs/definitions.md#memflex)
-    "wagle": WAGLE,  # weight-attribution mask, then a gradient objective on the located weights
-    "finetune": Finetune,  # the relearning attack's objective, not an unlearning method
-}
+__all__ = ["EDITORS", "METHODS", "Method", "make_method"]
 
 
-def make_method(name: str, **args: Any) -> Method:
-    """Instantiate a registered method with its hyper-parameters; unknown names and arguments are errors."""
-    if name not in METHODS:
-        raise ValueError(f"unknown method {name!r}; available: {sorted(METHODS)}")
-    cls = METHODS[name]
-    try:
-        return cls(**args)
-    except TypeError as exc:
-        raise ValueError(f"method {name!r}: {exc}") from None
+def __getattr__(name: str) -> Any:
+    if name == "Method":  # lazily: base imports torch
+        from lacuna_unlearn.methods.base import Method
+
+        return Method
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

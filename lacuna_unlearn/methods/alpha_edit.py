@@ -1,9 +1,9 @@
 """AlphaEdit: null-space constrained locate-then-edit (docs/definitions.md#alphaedit).
 
-Training-free (no optimizer over the weights); ``lacuna-unlearn method=alpha_edit`` dispatches here through
-``lacuna_unlearn.train.EDITORS``. One edit request per forget row: prompt = the row's probe prompt
-``Q: question\\nA:``, subject = the person's name (the text before the question's first comma), new target =
-`` I don't know.`` in the answer format (`` target\\n``). Per batch of ``batch_size`` requests (sequential edits):
+Training-free (no optimizer over the weights); ``lacuna-unlearn method=alpha_edit`` dispatches here through the
+``editor`` entry of :mod:`lacuna_unlearn.methods.registry`. One edit request per forget row: prompt = the row's
+probe prompt ``Q: question\\nA:``, subject = the person's name (the text before the question's first comma), new
+target = `` I don't know.`` in the answer format (`` target\\n``). Per batch of ``batch_size`` requests (sequential edits):
 
 1. **Target values** (MEMIT ``compute_z``): a vector δ is added to the residual stream (output of block
    ``layers[-1]``) at the subject's last token and optimised (``v_num_grad_steps`` Adam steps, lr ``v_lr``) for
@@ -25,7 +25,8 @@ Preserved-knowledge keys K₀ come from local text (``cov_text``): ``retain`` = 
 split (every field), ``neutral`` = the testbed's neutral corpus (rebuilt deterministically from the testbed
 manifest; only when the data lives inside a testbed), plus ``cov_files``. LACUNA used Wikipedia + retain with
 100k samples; there are no downloads here. The second moments are cached under ``$LACUNA_CACHE/alpha_edit``,
-keyed by a SHA-256 fingerprint of weights, tokenizer, texts, module and layers.
+keyed by a SHA-256 fingerprint of weights, tokenizer, texts, module and layers
+(:mod:`lacuna_unlearn.methods.alpha_edit_keys`).
 
 Choices the sources leave open, all configurable: one context template (``"{}"``; MEMIT samples ten short random
 prefixes from the model); the value loss is read at the model's final logits (LACUNA's ``v_loss_layer`` is the
@@ -37,18 +38,25 @@ closed form chooses which scalars move.
 from __future__ import annotations
 
 import gc
-import hashlib
-import json
 import os
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.nn.functional as F
+
+from lacuna_unlearn.methods.alpha_edit_keys import (
+    cached_second_moments,
+    edited_linear,
+    key_second_moments,
+    module_at,
+    preserved_texts,
+)
+from lacuna_unlearn.methods.settings import AlphaEditSettings
 
 __all__ = [
     "AlphaEditConfig",
@@ -64,36 +72,13 @@ __all__ = [
 
 #: MEMIT / AlphaEdit stop optimising δ once the value loss falls below this.
 _EARLY_STOP_LOSS = 5e-2
-_FORMAT_VERSION = 1
 
 
 @dataclass
-class AlphaEditConfig:
-    """AlphaEdit hyper-parameters; defaults = LACUNA's 1B row of docs/definitions.md#lacuna-unlearning-hyper-parameters
-    (the mini preset overrides layers)."""
+class AlphaEditConfig(AlphaEditSettings):
+    """AlphaEdit's settings (:class:`lacuna_unlearn.methods.settings.AlphaEditSettings`; defaults = LACUNA's 1B row)
+    plus the run's ``seed``, checked."""
 
-    layers: list[int] = field(default_factory=lambda: [4, 5, 6, 7, 8])
-    target: str = "I don't know."
-    module: str = "model.layers.{}.mlp.down_proj"  #: edited module per layer (an nn.Linear)
-    block: str = "model.layers.{}"  #: whose output is the residual stream at ``layers[-1]``
-    v_num_grad_steps: int = 50
-    v_lr: float = 5e-2
-    v_weight_decay: float = 1.0
-    clamp_norm_factor: float = 0.5
-    kl_factor: float = 1.0
-    l2: float = 1.0  #: LACUNA's "L2": weight of the identity in the solve
-    nullspace_threshold: float = 1e-3
-    #: False: eigenvalues below ``nullspace_threshold`` (AlphaEdit). True: below threshold x the largest eigenvalue,
-    #: for models whose key scale differs from the LLMs AlphaEdit was tuned on (the mini testbed's smallest is ~68).
-    nullspace_relative: bool = False
-    batch_size: int = 5  #: requests per sequential edit
-    fact_token: str = "subject_last"  #: where keys/values are read: "subject_last" (LACUNA) or "last"
-    context_templates: list[str] = field(default_factory=lambda: ["{}"])
-    kl_prompt: str = "{} is a"
-    cov_text: list[str] = field(default_factory=lambda: ["retain", "neutral"])
-    cov_files: list[str] = field(default_factory=list)
-    cov_samples: int = 100_000  #: at most this many preserved-knowledge texts
-    max_length: int = 256
     seed: int = 42
 
     def validate(self) -> AlphaEditConfig:
@@ -178,21 +163,6 @@ def alpha_edit_update(
 # Model plumbing
 
 
-def _module(model: torch.nn.Module, template: str, layer: int) -> torch.nn.Module:
-    name = template.format(layer)
-    try:
-        return model.get_submodule(name)
-    except AttributeError:
-        raise ValueError(f"AlphaEdit: the model has no module {name!r} (set method.args.module / block)") from None
-
-
-def _linear(model: torch.nn.Module, template: str, layer: int) -> torch.nn.Linear:
-    module = _module(model, template, layer)
-    if not isinstance(module, torch.nn.Linear):
-        raise ValueError(f"AlphaEdit edits nn.Linear modules; {template.format(layer)!r} is {type(module).__name__}")
-    return module
-
-
 def _hidden(output: Any) -> torch.Tensor:
     return output[0] if isinstance(output, tuple) else output
 
@@ -272,7 +242,7 @@ def request_keys(
     model: torch.nn.Module, tokenizer: Any, requests: Sequence[EditRequest], cfg: AlphaEditConfig, layer: int
 ) -> torch.Tensor:
     """K₁ (d_in × n): the edited module's input at the subject's last token, averaged over context templates."""
-    module = _linear(model, cfg.module, layer)
+    module = edited_linear(model, cfg.module, layer)
     cols = [
         _at_subject(model, tokenizer, module, _contexts(r, cfg.context_templates), True, cfg.fact_token).mean(dim=1)
         for r in requests
@@ -283,7 +253,7 @@ def request_keys(
 def _residual_stream(
     model: torch.nn.Module, tokenizer: Any, requests: Sequence[EditRequest], cfg: AlphaEditConfig
 ) -> torch.Tensor:
-    block = _module(model, cfg.block, cfg.layers[-1])
+    block = module_at(model, cfg.block, cfg.layers[-1])
     texts = [(r.prompt, r.subject) for r in requests]  # AlphaEdit reads the current values on the bare prompt
     return _at_subject(model, tokenizer, block, texts, False, cfg.fact_token)
 
@@ -293,7 +263,7 @@ def compute_target_value(
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """z = h + δ at block ``layers[-1]``'s output, the subject's last token (MEMIT ``compute_z``); (d_model,)."""
     device = next(model.parameters()).device
-    block = _module(model, cfg.block, cfg.layers[-1])
+    block = module_at(model, cfg.block, cfg.layers[-1])
     target = _target_ids(tokenizer, request.target)
     rewrites = []
     for text, subject in _contexts(request, cfg.context_templates):
@@ -353,55 +323,6 @@ def compute_target_value(
     return (state["init"] + delta.detach()).to(torch.float64), logs
 
 
-def key_second_moments(
-    model: torch.nn.Module, tokenizer: Any, texts: Sequence[str], cfg: AlphaEditConfig, batch_size: int = 32
-) -> dict[int, torch.Tensor]:
-    """K₀K₀ᵀ/N per edited layer: the uncentered second moment of the module's inputs over every token of ``texts``.
-
-    Texts run in right-padded batches; padding positions are left out. Each batch's Gram matrix is formed in
-    float32 and accumulated in float64.
-    """
-    if not texts:
-        raise ValueError("AlphaEdit: no preserved-knowledge text for the key covariance (cov_text / cov_files)")
-    device = next(model.parameters()).device
-    encoded = [
-        tokenizer(t, add_special_tokens=False, truncation=True, max_length=cfg.max_length)["input_ids"] for t in texts
-    ]
-    encoded = sorted((ids for ids in encoded if ids), key=len)  # similar lengths per batch: little padding
-    if not encoded:
-        raise ValueError("AlphaEdit: the preserved-knowledge texts tokenize to nothing")
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    sums: dict[int, torch.Tensor] = {}
-    valid: dict[str, torch.Tensor] = {}
-
-    def collect(layer: int) -> Callable[..., None]:
-        def fn(_module: torch.nn.Module, args: Any) -> None:
-            k = args[0][valid["mask"]].float()
-            gram = (k.T @ k).to(torch.float64)
-            sums[layer] = sums[layer] + gram if layer in sums else gram
-
-        return fn
-
-    handles = [_linear(model, cfg.module, layer).register_forward_pre_hook(collect(layer)) for layer in cfg.layers]
-    try:
-        with torch.no_grad():
-            for start in range(0, len(encoded), batch_size):
-                chunk = encoded[start : start + batch_size]
-                width = max(len(ids) for ids in chunk)
-                ids = torch.full((len(chunk), width), pad, dtype=torch.long)
-                mask = torch.zeros((len(chunk), width), dtype=torch.bool)
-                for row, seq in enumerate(chunk):
-                    ids[row, : len(seq)] = torch.tensor(seq)
-                    mask[row, : len(seq)] = True
-                valid["mask"] = mask.to(device)
-                model(input_ids=ids.to(device), attention_mask=mask.to(device).long())
-    finally:
-        for h in handles:
-            h.remove()
-    count = sum(len(ids) for ids in encoded)
-    return {layer: s / count for layer, s in sums.items()}
-
-
 def apply_alpha_edit(
     model: torch.nn.Module,
     tokenizer: Any,
@@ -415,7 +336,7 @@ def apply_alpha_edit(
         raise ValueError("AlphaEdit: no edit requests (the forget split is empty)")
     projectors, stats = {}, {}
     for layer in cfg.layers:
-        weight = _linear(model, cfg.module, layer).weight
+        weight = edited_linear(model, cfg.module, layer).weight
         moment = second_moments.get(layer)
         if moment is None or tuple(moment.shape) != (weight.shape[1],) * 2:
             raise ValueError(f"AlphaEdit: no {weight.shape[1]}x{weight.shape[1]} key second moment for layer {layer}")
@@ -457,7 +378,7 @@ def apply_alpha_edit(
             keys = request_keys(model, tokenizer, batch, cfg, layer)
             residual = (z - _residual_stream(model, tokenizer, batch, cfg)) / (len(cfg.layers) - i)
             update = alpha_edit_update(keys, residual, projectors[layer], previous[layer], cfg.l2)
-            weight = _linear(model, cfg.module, layer).weight
+            weight = edited_linear(model, cfg.module, layer).weight
             with torch.no_grad():
                 weight += update.to(device=weight.device, dtype=weight.dtype)
             stats[layer]["update_fro"] += float(update.norm())
@@ -482,100 +403,6 @@ def edit_requests(rows: Sequence[Mapping[str, Any]], target: str) -> list[EditRe
     return [EditRequest(probe_prompt(r["question"]), person_from_question(r["question"])[0], target) for r in rows]
 
 
-def preserved_texts(cfg: AlphaEditConfig, data: Any) -> tuple[list[str], dict[str, Any]]:
-    """The preserved-knowledge texts of ``cov_text`` / ``cov_files`` and where they came from."""
-    from lacuna_tasks.prompts import qa_text
-
-    texts: list[str] = []
-    sources: dict[str, Any] = {}
-    if "retain" in cfg.cov_text:
-        rows = data.splits.get("retain", []) if data is not None else []
-        texts += [qa_text(r["question"], r["answer"]) for r in rows]
-        sources["retain"] = len(rows)
-    if "neutral" in cfg.cov_text:
-        neutral = _testbed_neutral(data)
-        sources["neutral"] = len(neutral) if neutral is not None else "unavailable (the data is not inside a testbed)"
-        texts += neutral or []
-    for path in cfg.cov_files:
-        file = Path(path)
-        if not file.is_file():
-            raise FileNotFoundError(f"AlphaEdit cov_files: {file} not found")
-        lines = [line for line in file.read_text(encoding="utf-8").splitlines() if line.strip()]
-        texts += lines
-        sources[str(file)] = len(lines)
-    return texts[: cfg.cov_samples], sources
-
-
-def _testbed_neutral(data: Any) -> list[str] | None:
-    """The testbed's neutral corpus, rebuilt from its manifest (deterministic in the seed), or None."""
-    if data is None:
-        return None
-    from lacuna_unlearn.corpus import build_corpus
-
-    source = Path(str(data.source))
-    for candidate in (source, source.parent):
-        manifest = candidate / "manifest.json"
-        if manifest.is_file():
-            content = json.loads(manifest.read_text(encoding="utf-8"))
-            if content.get("kind") != "lacuna-bench-testbed":
-                continue
-            config = content.get("config") or {}
-            keys = ("profiles_per_group", "distractor_profiles", "bios_per_person", "qa_per_field", "lorem_paragraphs")
-            if not all(k in config for k in keys):
-                return None
-            kwargs = {k: config[k] for k in keys}
-            corpus = build_corpus(**kwargs, num_groups=config.get("num_groups", 6), seed=config.get("seed", 42))
-            return list(corpus.neutral)
-    return None
-
-
-def _fingerprint(model_dir: Path, texts: Sequence[str], cfg: AlphaEditConfig) -> str:
-    from lacuna_metrics.checkpoints import Checkpoint
-
-    digest = hashlib.sha256()
-    payload = {
-        "format": _FORMAT_VERSION,
-        "weights": Checkpoint(model_dir).fingerprint(),
-        "module": cfg.module,
-        "layers": list(cfg.layers),
-        "max_length": cfg.max_length,
-    }
-    digest.update(json.dumps(payload, sort_keys=True).encode())
-    for name in ("tokenizer.json", "tokenizer_config.json"):
-        if (model_dir / name).is_file():
-            digest.update((model_dir / name).read_bytes())
-    for text in texts:
-        digest.update(hashlib.sha256(text.encode("utf-8")).digest())
-    return digest.hexdigest()
-
-
-def _cached_second_moments(
-    model: torch.nn.Module,
-    tokenizer: Any,
-    model_dir: Path,
-    texts: Sequence[str],
-    cfg: AlphaEditConfig,
-    cache: Path | None,
-) -> tuple[dict[int, torch.Tensor], bool]:
-    from safetensors import SafetensorError, safe_open
-
-    from lacuna_metrics.manifest import save_tensors
-
-    key = _fingerprint(model_dir, texts, cfg)
-    path = cache / f"{key}.safetensors" if cache is not None else None
-    if path is not None and path.is_file():
-        try:
-            with safe_open(str(path), framework="pt") as fh:
-                if (fh.metadata() or {}).get("fingerprint") == key:
-                    return {int(k): fh.get_tensor(k) for k in fh.keys()}, True
-        except (OSError, SafetensorError):
-            pass  # unreadable cache: recompute and overwrite
-    moments = key_second_moments(model, tokenizer, texts, cfg)
-    if path is not None:
-        save_tensors(path, {str(k): v for k, v in moments.items()}, {"fingerprint": key})
-    return moments, False
-
-
 def run_alpha_edit(
     model_dir: str | os.PathLike[str],
     requests: Sequence[EditRequest],
@@ -592,7 +419,6 @@ def run_alpha_edit(
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from lacuna_metrics.manifest import hardware, package_versions
     from lacuna_unlearn.publish import publish_checkpoint
 
     cfg.validate()
@@ -605,11 +431,11 @@ def run_alpha_edit(
     model = AutoModelForCausalLM.from_pretrained(model_path, local_files_only=True, trust_remote_code=False)
     model.eval()
     for layer in cfg.layers:  # fail on a bad module/layer before the expensive statistics
-        _linear(model, cfg.module, layer)
-        _module(model, cfg.block, layer)
+        edited_linear(model, cfg.module, layer)
+        module_at(model, cfg.block, layer)
     timings = {}
     t = time.time()
-    moments, cached = _cached_second_moments(
+    moments, cached = cached_second_moments(
         model, tokenizer, model_path, preserved, cfg, Path(cache_dir) if cache_dir else None
     )
     timings["second_moments"] = round(time.time() - t, 2)
@@ -627,8 +453,6 @@ def run_alpha_edit(
         **(dict(extra_manifest) if extra_manifest else {}),
         "seed": cfg.seed,
         "timings_seconds": timings,
-        "versions": package_versions(("lacuna-bench", "torch", "transformers")),
-        "hardware": hardware(),
         "wall_seconds": round(time.time() - started, 2),
     }
     try:

@@ -8,6 +8,8 @@ from typing import Any
 
 import torch
 
+from lacuna_unlearn.methods.settings import MethodSettings
+
 
 def forward(model: torch.nn.Module, batch: Mapping[str, torch.Tensor]) -> torch.Tensor:
     """Logits of ``model`` on a padded batch (labels are not passed: losses handle the shift themselves)."""
@@ -15,14 +17,23 @@ def forward(model: torch.nn.Module, batch: Mapping[str, torch.Tensor]) -> torch.
 
 
 @dataclass
-class Method:
+class Method(MethodSettings):
     """Base class: ``gamma`` weighs the forget term, ``alpha`` the retain term
-    (docs/definitions.md#unlearning-losses)."""
+    (docs/definitions.md#unlearning-losses); a subclass's hyper-parameters are its settings dataclass's
+    (:mod:`lacuna_unlearn.methods.settings`)."""
 
-    gamma: float = 1.0
-    alpha: float = 1.0
     needs_reference = False
     needs_retain = True
+
+    def prepare(self, tokenizer: Any) -> None:
+        """Called by the trainer once, with the model's tokenizer, before the data is built: methods whose
+        hyper-parameters are text (JensUn's and IdkDPO's refusal) tokenize them here. Default: nothing to do."""
+
+    def alternate_answer_ids(self) -> tuple[int, ...] | None:
+        """Token ids that replace every forget answer in a second copy of the forget data (IdkDPO's refusal,
+        the preferred side of its DPO pair). The trainer encodes that copy once, when it builds the data, and batches
+        carry it as ``forget_alternate``. Default: None (no copy)."""
+        return None
 
     def loss(
         self,

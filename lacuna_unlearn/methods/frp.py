@@ -33,6 +33,7 @@ from typing import Any
 import torch
 
 from lacuna_metrics.activations import TARGETS, activation_stats, linear_weight_names, transposed_weight_names
+from lacuna_unlearn.methods.settings import FRPSettings
 
 __all__ = [
     "EPS",
@@ -54,17 +55,9 @@ _CALIB_DTYPE = torch.bfloat16
 
 
 @dataclass
-class FRPConfig:
-    """FRP hyper-parameters (docs/definitions.md#frp); defaults = Table 1: λ 0.05, ρ 0.03, no veto, zeroing, MLP,
-    400 seqs."""
+class FRPConfig(FRPSettings):
+    """FRP's settings (:class:`lacuna_unlearn.methods.settings.FRPSettings`) plus the run's ``seed``, checked."""
 
-    rho: float = 0.03  #: fraction of each row's d_in entries pruned (k = int(rho * d_in))
-    lam: float = 0.05  #: the paper's λ (code ``--beta``): weight of rank(|W|)
-    beta: float = 0.0  #: the paper's β (code ``--protect_p``): fraction of each row vetoed by P; 0 = no veto
-    shrink: float = 0.0  #: pruned weights are multiplied by this (0.0 = set to zero)
-    target: str = "mlp"  #: "mlp" (gate/up/down), "all" (7 projections) or "linear"
-    calib_samples: int = 400  #: calibration sequences per side (the first n of the texts passed)
-    max_length: int = 256  #: tokens per calibration sequence
     seed: int = 42
 
     def validate(self) -> FRPConfig:
@@ -219,9 +212,9 @@ def apply_frp(
     transposed = transposed_weight_names(model, cfg.target)
     params = dict(model.named_parameters(remove_duplicate=False))
     for weight_name in names.values():
-        for field, xs in (("x_forget", x_forget), ("x_retain", x_retain)):
+        for side, xs in (("x_forget", x_forget), ("x_retain", x_retain)):
             if weight_name not in xs:
-                raise ValueError(f"{field}: no activation norms for {weight_name!r} (target={cfg.target!r})")
+                raise ValueError(f"{side}: no activation norms for {weight_name!r} (target={cfg.target!r})")
     pruned: dict[str, int] = {}
     scored = 0
     with torch.no_grad():
@@ -301,7 +294,6 @@ def prune_from_activations(
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from lacuna_metrics.manifest import hardware, package_versions
     from lacuna_unlearn.publish import publish_checkpoint
 
     started = time.perf_counter()
@@ -333,11 +325,9 @@ def prune_from_activations(
         },
         **{key: result[key] for key in result_keys},
         "seed": cfg.seed,
-        "versions": package_versions(),
-        "hardware": hardware(),
         "wall_seconds": round(time.perf_counter() - started, 3),
     }
-    return publish_checkpoint(model, tokenizer, out, manifest)
+    return publish_checkpoint(model, tokenizer, out, manifest)  # adds versions + hardware (build_manifest)
 
 
 def run_from_config(

@@ -9,12 +9,11 @@ import torch
 
 from lacuna_unlearn.losses import nll_loss, retain_loss
 from lacuna_unlearn.methods.base import Method, forward
+from lacuna_unlearn.methods.settings import GradDiffSettings
 
 
 @dataclass
-class GradDiff(Method):
-    retain_loss_type: str = "nll"  # "nll" | "kl" | "jsd"
-
+class GradDiff(GradDiffSettings, Method):
     def __post_init__(self) -> None:
         if self.retain_loss_type.lower() not in ("nll", "kl", "jsd"):
             raise ValueError(f"retain_loss_type must be nll, kl or jsd, got {self.retain_loss_type!r}")

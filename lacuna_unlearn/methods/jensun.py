@@ -8,7 +8,7 @@ passed through), "kl" or "nll".
 
 The refusal string must be tokenized with the model's tokenizer, which ``Method.loss`` never sees: either
 pass ``refusal_ids`` explicitly, or call :meth:`JensUn.prepare` with the tokenizer before training (the
-trainer calls ``method.prepare(tokenizer)`` for methods that have it). ``loss`` refuses to run without ids.
+trainer calls ``method.prepare(tokenizer)`` of every method). ``loss`` refuses to run without ids.
 """
 
 from __future__ import annotations
@@ -19,15 +19,11 @@ from typing import Any
 from lacuna_unlearn.losses import jensun_forget_loss
 from lacuna_unlearn.methods.base import forward
 from lacuna_unlearn.methods.grad_diff import GradDiff
+from lacuna_unlearn.methods.settings import JensUnSettings
 
 
 @dataclass
-class JensUn(GradDiff):
-    refusal: str = " No idea"
-    refusal_ids: tuple[int, ...] = ()  # filled by prepare(tokenizer) unless given explicitly
-    legacy_unmasked: bool = False
-    retain_loss_type: str = "jsd"  # "jsd" | "kl" | "nll"
-
+class JensUn(JensUnSettings, GradDiff):
     def __post_init__(self) -> None:
         super().__post_init__()
         self.refusal_ids = tuple(int(i) for i in self.refusal_ids)

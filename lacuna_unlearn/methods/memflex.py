@@ -47,7 +47,7 @@ INFERRED (not recoverable from the code, or deliberately different):
 
 from __future__ import annotations
 
-import sys
+import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -56,6 +56,9 @@ import torch
 
 from lacuna_unlearn.losses import IGNORE_INDEX, combine, token_counts, token_nll
 from lacuna_unlearn.methods.base import Method, forward, summed_nll_gradients
+from lacuna_unlearn.methods.settings import MemFlexSettings
+
+logger = logging.getLogger(__name__)
 
 __all__ = ["MemFlex", "cosine", "gradient_info", "located", "randomize_answer"]
 
@@ -124,16 +127,9 @@ def _sequence_nll(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
 
 
 @dataclass
-class MemFlex(Method):
-    """LoRA parameters located by forget/retain gradient disagreement, trained with ascent (forget) plus descent."""
-
-    forget_factor: float = -0.6  # weight of the forget rows' NLL (negative: ascent)
-    retain_factor: float = 2.0  # weight of the retain rows' NLL
-    cos_threshold: float = 0.92  # located iff cos(g_unlearn, g_retain) < this ...
-    grad_threshold: float = 6e-4  # ... and mean|g_unlearn| > this (LACUNA 7B: 1e-5)
-    locate_batch_size: int = 8  # rows per gradient batch in the localisation (LACUNA batch_size)
-    random_labels: bool = True  # localise on randomly relabelled answers, as the code does
-    seed: int = 42  # of the random relabelling
+class MemFlex(MemFlexSettings, Method):
+    """LoRA parameters located by forget/retain gradient disagreement, trained with ascent (forget) plus descent
+    (hyper-parameters: :class:`lacuna_unlearn.methods.settings.MemFlexSettings`)."""
 
     def __post_init__(self) -> None:
         if self.forget_factor >= 0:
@@ -187,12 +183,12 @@ class MemFlex(Method):
                 f"(largest mean|g_forget| {max(grads):.2e}, smallest cosine {min(cosines):.3f}); lower "
                 f"method.args.grad_threshold or raise method.args.cos_threshold"
             )
-        print(
-            f"[memflex] located {len(chosen)} / {len(names)} LoRA parameters (cos_threshold={self.cos_threshold}, "
-            f"grad_threshold={self.grad_threshold}; mean|g_forget| {min(grads):.2e}..{max(grads):.2e}, "
-            f"cosine {min(cosines):.3f}..{max(cosines):.3f})",
-            file=sys.stderr,
-        )
+        logger.info(
+            "[memflex] located %d / %d LoRA parameters (cos_threshold=%s, grad_threshold=%s; mean|g_forget| "
+            "%.2e..%.2e, cosine %.3f..%.3f)",
+            len(chosen), len(names), self.cos_threshold, self.grad_threshold, min(grads), max(grads), min(cosines),
+            max(cosines),
+        )  # fmt: skip
         return {n: None for n in chosen}
 
     def loss(self, model, inputs, ref_model):  # noqa: ANN001, ANN201 - see Method.loss

@@ -9,12 +9,11 @@ import torch
 from lacuna_unlearn.losses import npo_loss
 from lacuna_unlearn.methods.base import forward
 from lacuna_unlearn.methods.grad_diff import GradDiff
+from lacuna_unlearn.methods.settings import NPOSettings
 
 
 @dataclass
-class NPO(GradDiff):
-    beta: float = 0.1
-
+class NPO(NPOSettings, GradDiff):
     @property
     def needs_reference(self) -> bool:  # type: ignore[override]
         return True

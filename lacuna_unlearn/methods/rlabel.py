@@ -11,12 +11,11 @@ import torch
 from lacuna_unlearn.losses import random_label_loss
 from lacuna_unlearn.methods.base import forward
 from lacuna_unlearn.methods.grad_diff import GradDiff
+from lacuna_unlearn.methods.settings import RLabelSettings
 
 
 @dataclass
-class RLabel(GradDiff):
-    seed: int = 42
-
+class RLabel(RLabelSettings, GradDiff):
     def __post_init__(self) -> None:
         super().__post_init__()
         self._generator: torch.Generator | None = None  # not a dataclass field: stays out of asdict()

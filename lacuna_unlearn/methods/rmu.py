@@ -26,6 +26,7 @@ import torch
 
 from lacuna_unlearn.losses import IGNORE_INDEX, rmu_control_vector, rmu_forget_loss, rmu_retain_loss
 from lacuna_unlearn.methods.grad_diff import GradDiff
+from lacuna_unlearn.methods.settings import RMUSettings
 
 _RETAIN_TYPES = ("embed_diff", "nll", "kl")
 
@@ -37,12 +38,7 @@ def hidden_states(model: torch.nn.Module, batch, layer: int) -> torch.Tensor:  #
 
 
 @dataclass
-class RMU(GradDiff):
-    layer: int = -1  # block whose output is steered; -1 = middle block, resolved at the first call
-    steering_coeff: float = 2.0
-    seed: int = 42
-    retain_loss_type: str = "embed_diff"  # "embed_diff" | "nll" | "kl"
-
+class RMU(RMUSettings, GradDiff):
     def __post_init__(self) -> None:
         if self.retain_loss_type.lower() not in _RETAIN_TYPES:
             raise ValueError(f"retain_loss_type must be one of {_RETAIN_TYPES}, got {self.retain_loss_type!r}")

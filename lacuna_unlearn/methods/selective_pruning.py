@@ -50,6 +50,7 @@ import torch
 
 from lacuna_metrics.activations import linear_weight_names, transposed_weight_names
 from lacuna_unlearn.methods.frp import _is_real, prune_from_activations, run_on_qa_rows
+from lacuna_unlearn.methods.settings import SP_EPS, SPSettings
 from lacuna_unlearn.methods.wagle import top_fraction_masks
 
 __all__ = [
@@ -66,21 +67,16 @@ __all__ = [
 ]
 
 #: FRAG's baseline eps in s_j = I^f_j / (I^r_j + eps).
-EPS = 1e-5
+EPS = SP_EPS
 SCOPES: tuple[str, ...] = ("global", "per_layer")
 MODES: tuple[str, ...] = ("neuron", "down")
 
 
 @dataclass
-class SPConfig:
-    """Selective Pruning hyper-parameters (defaults: FRAG's Table 1 baseline, see the module docstring)."""
+class SPConfig(SPSettings):
+    """Selective Pruning's settings (:class:`lacuna_unlearn.methods.settings.SPSettings`; defaults: FRAG's Table 1
+    baseline, see the module docstring) plus the run's ``seed``, checked."""
 
-    frac: float = 0.05  #: fraction of MLP neurons pruned (global: of all blocks' neurons)
-    eps: float = EPS  #: s_j = I^f_j / (I^r_j + eps)
-    scope: str = "global"  #: "global" | "per_layer"
-    mode: str = "neuron"  #: "neuron" (gate/up rows + down column) | "down" (down column only)
-    calib_samples: int = 400  #: calibration sequences per side (the first n of the texts passed), as FRP
-    max_length: int = 256  #: tokens per calibration sequence
     seed: int = 42
 
     def validate(self) -> SPConfig:
@@ -187,10 +183,10 @@ def apply_selective_pruning(
     cfg.validate()
     mlps = mlp_neurons(model)
     for name, info in mlps.items():
-        for field, xs in (("x_forget", x_forget), ("x_retain", x_retain)):
+        for side, xs in (("x_forget", x_forget), ("x_retain", x_retain)):
             if name not in xs:
-                raise ValueError(f"{field}: no activation statistics for {name!r}")
-            _vector(xs[name], f"{field}[{name!r}]", info["d_mlp"])
+                raise ValueError(f"{side}: no activation statistics for {name!r}")
+            _vector(xs[name], f"{side}[{name!r}]", info["d_mlp"])
     masks = sp_prune_masks({n: x_forget[n] for n in mlps}, {n: x_retain[n] for n in mlps}, cfg)
     zeroed: list[str] = []
     with torch.no_grad():

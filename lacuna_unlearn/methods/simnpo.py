@@ -11,14 +11,11 @@ from dataclasses import dataclass
 from lacuna_unlearn.losses import simnpo_loss
 from lacuna_unlearn.methods.base import forward
 from lacuna_unlearn.methods.grad_diff import GradDiff
+from lacuna_unlearn.methods.settings import SimNPOSettings
 
 
 @dataclass
-class SimNPO(GradDiff):
-    gamma: float = 0.125
-    beta: float = 4.5
-    delta: float = 0.0
-
+class SimNPO(SimNPOSettings, GradDiff):
     def loss(self, model, inputs, ref_model):  # noqa: ANN001, ANN201 - see Method.loss
         batch = inputs["forget"]
         forget = simnpo_loss(forward(model, batch), batch["labels"], beta=self.beta, delta=self.delta)

@@ -14,14 +14,11 @@ import torch
 from lacuna_unlearn.losses import undial_loss
 from lacuna_unlearn.methods.base import forward
 from lacuna_unlearn.methods.grad_diff import GradDiff
+from lacuna_unlearn.methods.settings import UNDIALSettings
 
 
 @dataclass
-class UNDIAL(GradDiff):
-    alpha: float = 0.0
-    beta: float = 10.0
-    masked: bool = True
-
+class UNDIAL(UNDIALSettings, GradDiff):
     @property
     def needs_reference(self) -> bool:  # type: ignore[override]
         return True

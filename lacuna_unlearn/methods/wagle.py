@@ -55,6 +55,7 @@ import torch
 from lacuna_unlearn.methods.base import Method, summed_nll_gradients
 from lacuna_unlearn.methods.grad_diff import GradDiff
 from lacuna_unlearn.methods.npo import NPO
+from lacuna_unlearn.methods.settings import WAGLESettings
 
 __all__ = [
     "CANDIDATES",
@@ -166,17 +167,9 @@ def candidate_parameters(model: torch.nn.Module, target: str = "linear") -> dict
 
 
 @dataclass
-class WAGLE(Method):
-    """WAGLE: the ``objective`` (GradDiff or NPO) on the ``ratio`` most attributed scalars (module docstring)."""
-
-    objective: str = "grad_diff"  #: "grad_diff" | "npo"
-    beta: float = 0.1  #: NPO's beta (ignored by grad_diff)
-    retain_loss_type: str = "nll"  #: "nll" | "kl" | "jsd", the objective's retain term
-    ratio: float = 0.8  #: fraction of candidate scalars trained (INFERRED default, see module doc)
-    mu: float = 1e-6  #: Hessian-diagonal constant of the score (INFERRED default)
-    target: str = "linear"  #: candidates: "linear" | "all" | "mlp" | "params"
-    scope: str = "global"  #: "global" | "per_tensor" top-k
-    batch_size: int = 8  #: batch size of the attribution gradient passes
+class WAGLE(WAGLESettings, Method):
+    """WAGLE: the ``objective`` (GradDiff or NPO) on the ``ratio`` most attributed scalars (module docstring;
+    hyper-parameters: :class:`lacuna_unlearn.methods.settings.WAGLESettings`)."""
 
     def __post_init__(self) -> None:
         if self.objective not in OBJECTIVES:
