@@ -15,13 +15,9 @@ from typing import Any
 
 import torch
 
-from lacuna_metrics.anatomy import model_anatomy
+from lacuna_metrics.anatomy import is_linear_module, model_anatomy
 
 __all__ = ["LoraSettings", "expert_parameter_names", "linear_module_names"]
-
-
-def _linear(module: torch.nn.Module) -> bool:
-    return isinstance(module, torch.nn.Linear) or type(module).__name__ == "Conv1D"
 
 
 def linear_module_names(model: torch.nn.Module, layers: Sequence[int] | None = None) -> list[str]:
@@ -30,7 +26,7 @@ def linear_module_names(model: torch.nn.Module, layers: Sequence[int] | None = N
     modules = dict(model.named_modules())
     names = set()
     for weight in model_anatomy(model).matrices():
-        if weight.hook != "linear" or not _linear(modules[weight.module]):
+        if weight.hook != "linear" or not is_linear_module(modules[weight.module]):
             continue
         if wanted is None or weight.layer in wanted:
             names.add(weight.module.rsplit(".", 1)[-1])
