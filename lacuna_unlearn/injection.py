@@ -32,6 +32,7 @@ from transformers import Trainer, TrainerCallback, TrainingArguments
 from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
 from lacuna_metrics.masks import MaskSet
+from lacuna_tasks.logs import progress
 from lacuna_tasks.prompts import stable_seed
 
 NEUTRAL = -1
@@ -279,19 +280,18 @@ class MicroBatchMasker:
 
 
 class StageProgress(TrainerCallback):
-    """One named tqdm bar per training stage (``desc``, e.g. "testbed 2/4: masked PII injection") over its optimizer
-    steps, so tqdm shows the rate and ETA; the latest logged loss as postfix. Replaces the Trainer's own unlabelled
-    bar and its printed log dicts (:func:`use_stage_progress`); only the main process draws it."""
+    """One named progress bar per training stage (``desc``, e.g. "testbed 2/5: masked PII injection") over its
+    optimizer steps, so it shows the rate and ETA; the latest logged loss as postfix. Replaces the Trainer's own
+    unlabelled bar and its printed log dicts (:func:`use_stage_progress`); only the main process draws it, and
+    :func:`lacuna_tasks.logs.progress` decides whether it is drawn at all (a terminal, not ``--quiet``)."""
 
     def __init__(self, desc: str) -> None:
         self.desc = desc
         self.bar: Any = None
 
     def on_train_begin(self, args, state, control, **kwargs):
-        from tqdm.auto import tqdm
-
         if state.is_world_process_zero:
-            self.bar = tqdm(total=state.max_steps, desc=self.desc, unit="step", dynamic_ncols=True)
+            self.bar = progress(total=state.max_steps, desc=self.desc, unit="step")
 
     def on_step_end(self, args, state, control, **kwargs):
         if self.bar is not None:

@@ -31,11 +31,12 @@ def building(out: str | Path) -> Iterator[Path]:
 
 def publish_checkpoint(model: Any, tokenizer: Any, out: str | Path, manifest: Mapping[str, Any]) -> Path:
     """Save ``model`` + ``tokenizer`` (HF ``save_pretrained`` layout) and ``unlearn_manifest.json`` to ``out``,
-    atomically (see :func:`building`)."""
-    from lacuna_metrics.manifest import write_json
+    atomically (see :func:`building`). The manifest goes through :func:`lacuna_metrics.manifest.build_manifest`, so
+    every checkpoint records the same ``versions`` and ``hardware`` whatever its method wrote."""
+    from lacuna_metrics.manifest import build_manifest, write_json
 
     with building(out) as partial:
         model.save_pretrained(partial)
         tokenizer.save_pretrained(partial)
-        write_json(partial / "unlearn_manifest.json", dict(manifest))
+        write_json(partial / "unlearn_manifest.json", build_manifest(**manifest))
     return Path(out)

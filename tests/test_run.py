@@ -34,9 +34,10 @@ def _config(testbed):
 
 def test_every_preset_runs_the_same_method_list():
     """The test below runs the smoke preset's full method list; mini's is the same list with the same
-    overrides (it differs only in the shared schedule, which the tests replace by a few steps)."""
+    overrides (it differs only in the shared schedule, which the tests replace by a few steps). ``demo`` runs no
+    method (``lacuna demo``: evaluation only)."""
     assert PRESETS["smoke"]["methods"] == PRESETS["mini"]["methods"]
-    assert set(PRESETS) == {"mini", "smoke"}
+    assert set(PRESETS) == {"demo", "mini", "smoke"} and PRESETS["demo"]["methods"] == {}
 
 
 def test_every_default_method_runs_unlearn_evaluate_and_score(smoke_testbed, tmp_path):
