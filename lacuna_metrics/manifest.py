@@ -39,6 +39,8 @@ PACKAGES = (
     "peft",
     "accelerate",
     "hydra-core",
+    "tokenizers",  # a testbed's tokenizer
+    "faker",  # a testbed's synthetic people
 )
 DEFAULT_PACKAGES = PACKAGES  # the name older callers import
 
@@ -75,12 +77,12 @@ def build_manifest(**fields: Any) -> dict[str, Any]:
 
 
 def write_text(path: str | os.PathLike[str], text: str) -> Path:
-    """Write ``text`` atomically: a temp file in the same directory, then ``os.replace``."""
+    """Write ``text`` (UTF-8) atomically: a temp file in the same directory, then ``os.replace``."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
-        with os.fdopen(fd, "w") as fh:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
             fh.write(text)
         os.chmod(tmp, 0o644)
         os.replace(tmp, path)

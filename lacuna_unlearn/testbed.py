@@ -40,7 +40,7 @@ from typing import Any
 
 import torch
 
-from lacuna_metrics.manifest import build_manifest, write_json
+from lacuna_metrics.manifest import build_manifest, write_json, write_text
 from lacuna_metrics.masks import MaskError, MaskSet, build_masks, named_shapes_of, save_masks
 from lacuna_tasks.generate import build_splits, write_dataset
 from lacuna_tasks.schema import FIELDS, FORGET_GROUPS, NEUTRAL_HELDOUT_FILE, RETAIN_GROUPS
@@ -391,9 +391,7 @@ def split_people(splits: dict[str, list[dict[str, Any]]]) -> dict[str, dict[str,
 
 def write_neutral_heldout(path: Path, docs: Sequence[str]) -> None:
     """``{"text": ...}`` per line, written atomically."""
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text("".join(json.dumps({"text": d}, ensure_ascii=False) + "\n" for d in docs), encoding="utf-8")
-    os.replace(tmp, path)
+    write_text(path, "".join(json.dumps({"text": d}, ensure_ascii=False) + "\n" for d in docs))
 
 
 def _tokenizer_and_model(cfg: TestbedConfig, corpus: TestbedCorpus, model: str | None):
