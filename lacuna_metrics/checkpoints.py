@@ -23,12 +23,11 @@ import hashlib
 import json
 import math
 import os
-import queue
 import threading
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import torch
 
@@ -41,7 +40,6 @@ __all__ = [
     "FINGERPRINT_SCHEME",
     "check_compatible",
     "file_fingerprint",
-    "prefetched",
     "release_memory",
 ]
 
@@ -547,52 +545,6 @@ def check_compatible(checkpoints: Mapping[str, Checkpoint], names: Sequence[str]
 def _preview(names: Sequence[str], limit: int = 8) -> str:
     shown = ", ".join(repr(n) for n in names[:limit])
     return shown + (f", ... (+{len(names) - limit})" if len(names) > limit else "")
-
-
-T = TypeVar("T")
-
-
-def prefetched(make: Callable[[], Iterator[T]], depth: int = 1) -> Iterator[T]:
-    """Run the iterator ``make()`` in a background thread, ``depth`` items ahead of the consumer.
-
-    Reading the next block (I/O, GIL mostly released) then overlaps with scoring the current one
-    (torch kernels release the GIL). Exceptions surface in the consumer.
-    """
-    q: queue.Queue[tuple[str, Any]] = queue.Queue(maxsize=depth)
-    stop = threading.Event()
-
-    def work() -> None:
-        try:
-            for item in make():
-                while not stop.is_set():
-                    try:
-                        q.put(("item", item), timeout=0.1)
-                        break
-                    except queue.Full:
-                        continue
-                if stop.is_set():
-                    return
-            q.put(("done", None))
-        except BaseException as exc:  # forwarded to the consumer
-            q.put(("error", exc))
-
-    thread = threading.Thread(target=work, daemon=True)
-    thread.start()
-    try:
-        while True:
-            kind, value = q.get()
-            if kind == "done":
-                return
-            if kind == "error":
-                raise value
-            yield value
-    finally:
-        stop.set()
-        while thread.is_alive():
-            try:
-                q.get_nowait()
-            except queue.Empty:
-                thread.join(timeout=0.05)
 
 
 _LIBC: Any = None

@@ -19,6 +19,7 @@ import torch
 
 from lacuna_metrics.checkpoints import Checkpoint, CheckpointError, check_compatible
 from lacuna_metrics.kernels import diff_square_sums
+from lacuna_metrics.pair_walk import walk_pair
 
 __all__ = ["DistanceAccumulator", "distance_score"]
 
@@ -89,7 +90,9 @@ class DistanceAccumulator:
 
 
 def distance_score(before: Checkpoint, after: Checkpoint, block_elems: int = 4_000_000) -> dict[str, Any]:
-    """Global L2 distance between two checkpoints over all tensors they share, streamed block by block.
+    """Global L2 distance between two checkpoints over all tensors they share, streamed block by block
+    (:func:`~lacuna_metrics.pair_walk.walk_pair`; ``lacuna score`` feeds a :class:`DistanceAccumulator` from its
+    own walk instead).
 
     Tied aliases are skipped (a name that is an alias in ``before`` is scored only if ``after`` stores it as a real
     tensor, i.e. the unlearning untied it). Tensors present in only one checkpoint are not scored; they are listed
@@ -97,8 +100,6 @@ def distance_score(before: Checkpoint, after: Checkpoint, block_elems: int = 4_0
     """
     if block_elems < 1:
         raise ValueError(f"block_elems must be >= 1, got {block_elems}")
-    from tqdm.auto import tqdm
-
     after_names, before_names = set(after.names), set(before.names)
     # A tied alias is skipped unless the other side stores that tensor for real (tied before, untied after).
     shared = [n for n in before.names if n in after_names and not (before.is_alias(n) and after.is_alias(n))]
@@ -108,9 +109,7 @@ def distance_score(before: Checkpoint, after: Checkpoint, block_elems: int = 4_0
     unshared += [n for n in after.names if n not in before_names and not after.is_alias(n)]
     check_compatible({"before": before, "after": after}, names=shared)
     acc = DistanceAccumulator()
-    for name in tqdm(shared, desc="L2 distance", disable=None, leave=False):
-        for start, stop in before.iter_blocks(name, block_elems):
-            acc.add(name, before.read(name, start, stop), after.read(name, start, stop))
+    walk_pair(before, after, shared, [acc.add], block_elems=block_elems, desc="L2 distance")
     out = acc.result()
     out["unshared"] = unshared
     return out

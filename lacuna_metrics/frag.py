@@ -26,6 +26,7 @@ import torch
 
 from lacuna_metrics.activations import DEFAULT_MIN_COVERAGE, ActivationStats, coverage_verdict
 from lacuna_metrics.checkpoints import Checkpoint, check_compatible
+from lacuna_metrics.pair_walk import walk_pair
 
 __all__ = ["FragAccumulator", "frag_score"]
 
@@ -275,12 +276,11 @@ def frag_score(
     (docs/definitions.md#frag-score).
 
     Scores exactly the tensors that have activation norms in ``stats`` (from the original model); both checkpoints
-    must hold them with equal shapes. ``block_elems`` bounds the scalars read per block.
+    must hold them with equal shapes. ``block_elems`` bounds the scalars read per block. Streamed by
+    :func:`~lacuna_metrics.pair_walk.walk_pair`; ``lacuna score`` feeds a :class:`FragAccumulator` from its own walk.
     """
     if block_elems < 1:
         raise ValueError(f"block_elems must be >= 1, got {block_elems}")
-    from tqdm.auto import tqdm
-
     acc = FragAccumulator(
         stats.forget,
         stats.retain,
@@ -292,7 +292,5 @@ def frag_score(
     names = check_compatible({"before": before, "after": after}, names=acc.names)
     for name in names:
         acc.check_shape(name, before.shape(name))
-    for name in tqdm(names, desc="FRAG", disable=None, leave=False):
-        for start, stop in before.iter_blocks(name, block_elems):
-            acc.add(name, before.read(name, start, stop), after.read(name, start, stop), start=start)
+    walk_pair(before, after, names, [acc.add], block_elems=block_elems, desc="FRAG")
     return acc.result()

@@ -15,7 +15,7 @@ gets on the same testbed. This module scores such detectors through the same sco
 A testbed whose null detectors reach a high AUC rewards any update whose magnitude or direction correlates
 with the injection, whatever it erased (docs/testbeds.md, "Leak audit"). :func:`audit_testbed` is the
 testbed builder's gate; :func:`leak_audit` takes the checkpoints themselves (``lacuna score`` can reuse the
-null updates).
+null updates, or score them with the same :func:`score_null_updates`).
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ import math
 import os
 import threading
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +36,7 @@ from lacuna_metrics.localization import BASELINES, Localization, LocalizationCon
 from lacuna_metrics.masks import MaskReader
 from lacuna_tasks.prompts import stable_seed
 
-__all__ = ["NULL_KINDS", "LeakAuditError", "NullUpdate", "audit_testbed", "leak_audit"]
+__all__ = ["NULL_KINDS", "LeakAuditError", "NullUpdate", "audit_testbed", "leak_audit", "score_null_updates"]
 
 #: The null updates, in report order.
 NULL_KINDS: tuple[str, ...] = ("gaussian", "adam_sign")
@@ -167,19 +168,14 @@ def leak_audit(
         **({"threads": threads} if threads is not None else {}),
     )
     scales = {"gaussian": gaussian_scale, "adam_sign": adam_lr}
-    trivial: dict[str, dict[str, float | None]] = {}
-    null: dict[str, dict[str, dict[str, float | None]]] = {}
-    not_applicable: dict[str, str] = {}
-    universe: dict[str, Any] = {}
-    for kind in NULL_KINDS:
-        after = NullUpdate(before_ck, kind, seed=seed, scale=scales[kind])
-        result = Localization(before_ck, after, MaskReader(masks), base=base_ck, config=config).run()
-        if not trivial:
-            trivial = {b: {t: _round(result["baselines"][t].get(b)) for t in TARGETS} for b in BASELINES}
-            not_applicable = dict(result["not_applicable"])
-            universe = {k: v for k, v in result["universe"].items() if k != "names"}
-        scores = [s for s in result["auc"][next(iter(TARGETS))] if s != "best"]
-        null[kind] = {s: {t: _round(result["auc"][t].get(s)) for t in TARGETS} for s in scores}
+    aucs, first = score_null_updates(before_ck, masks, base=base_ck, config=config, scales=scales)
+    trivial = {b: {t: _round(first["baselines"][t].get(b)) for t in TARGETS} for b in BASELINES}
+    not_applicable = dict(first["not_applicable"])
+    universe = {k: v for k, v in first["universe"].items() if k != "names"}
+    null = {
+        kind: {s: {t: _round(v) for t, v in by_target.items()} for s, by_target in table.items()}
+        for kind, table in aucs.items()
+    }
     detectors = dict(trivial)
     detectors.update({f"null_{kind}.{s}": v for kind, table in null.items() for s, v in table.items()})
     ranked = sorted(
@@ -217,6 +213,28 @@ def leak_audit(
             "(the masks are visible without any method; docs/testbeds.md, 'Leak audit')"
         )
     return out
+
+
+def score_null_updates(
+    before: Checkpoint,
+    masks: PathLike,
+    *,
+    base: Checkpoint | None,
+    config: LocalizationConfig,
+    scales: Mapping[str, float],
+) -> tuple[dict[str, dict[str, dict[str, float | None]]], dict[str, Any]]:
+    """Score every null update of :data:`NULL_KINDS` (seeded with ``config.seed``, at ``scales[kind]``) through the
+    scorer, under every family and target: ``({kind: {family: {target: AUC}}}, the first update's localization
+    section)``. The one loop behind the leak audit and ``lacuna score``'s null calibration."""
+    null: dict[str, dict[str, dict[str, float | None]]] = {}
+    first: dict[str, Any] = {}
+    for kind in NULL_KINDS:
+        after = NullUpdate(before, kind, seed=config.seed, scale=scales[kind])
+        result = Localization(before, after, MaskReader(masks), base=base, config=config).run()
+        first = first or result
+        families = [s for s in result["auc"][next(iter(TARGETS))] if s != "best"]
+        null[kind] = {s: {t: result["auc"][t].get(s) for t in TARGETS} for s in families}
+    return null, first
 
 
 def audit_testbed(testbed: PathLike, **kwargs: Any) -> dict[str, Any]:

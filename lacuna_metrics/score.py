@@ -1,8 +1,8 @@
 """``score_pair``: everything the weight-diff sidecar knows about one before/after checkpoint pair.
 
-One streaming walk over the checkpoints feeds three consumers: localization AUCs against the
-ground-truth masks (:mod:`lacuna_metrics.localization`), FRAG (:mod:`lacuna_metrics.frag`, with
-activation statistics of the before-model cached on disk) and distances
+One streaming walk over the checkpoints (:class:`lacuna_metrics.pair_walk.PairWalk`) feeds three consumers:
+localization AUCs against the ground-truth masks (:mod:`lacuna_metrics.localization`), FRAG
+(:mod:`lacuna_metrics.frag`, with activation statistics of the before-model cached on disk) and distances
 (:mod:`lacuna_metrics.distance`). The result is one JSON-ready dict with a versioned schema
 (documented in the README, "Score JSON"); ``lacuna score`` writes it with a markdown summary and plots.
 """
@@ -10,24 +10,31 @@ activation statistics of the before-model cached on disk) and distances
 from __future__ import annotations
 
 import json
+import logging
 import os
-import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from lacuna_metrics.checkpoints import Checkpoint, check_compatible, prefetched
+import torch
+
+from lacuna_metrics.checkpoints import Checkpoint, check_compatible
 from lacuna_metrics.localization import Localization, LocalizationConfig
-from lacuna_metrics.manifest import hardware, package_versions
+from lacuna_metrics.manifest import build_manifest
 from lacuna_metrics.masks import MaskError, MaskReader
+from lacuna_metrics.pair_walk import PairHook, PairWalk
+from lacuna_metrics.results import SCHEMAS
+from lacuna_tasks.logs import progress as progress_bar
 
 __all__ = ["SCHEMA", "SCHEMA_VERSION", "default_cache_dir", "score_pair", "score_to_dir"]
 
-SCHEMA = "lacuna-bench/score"
-#: 2: every input names its checkpoint by resolved path and content fingerprint (Checkpoint.fingerprint),
-#: ``manifest.masks`` is ``{path, fingerprint}``. Version 1 fingerprints hashed only the first/last MiB.
-SCHEMA_VERSION = 2
+#: score.json's schema name and version (lacuna_metrics.results.SCHEMAS). Version 2: every input names its
+#: checkpoint by resolved path and content fingerprint (Checkpoint.fingerprint), ``manifest.masks`` is
+#: ``{path, fingerprint}``; version 1 fingerprints hashed only the first/last MiB.
+SCHEMA, SCHEMA_VERSION = SCHEMAS["score"]
+
+logger = logging.getLogger(__name__)
 
 PathLike = str | os.PathLike[str]
 
@@ -93,7 +100,7 @@ def score_pair(
 
     Masks that record the fingerprint of the model they were built for must match ``before``'s (else
     MaskError naming both, unless ``allow_mask_mismatch``); masks without one (a released ``mask.pt``) are
-    scored with a warning (``warn``, default: one line on stderr). ``manifest.masks_model`` says which.
+    scored with a warning (``warn``, default: this module's logger). ``manifest.masks_model`` says which.
     """
     started = time.time()
     if null and not 0.0 < float(null_tolerance) < 0.5:
@@ -147,11 +154,13 @@ def score_pair(
 
     from lacuna_metrics.distance import DistanceAccumulator
 
+    config = config or LocalizationConfig()
+    # the one walk over the pair: distances, FRAG and localization consume each block as it is read
+    walk = PairWalk(ckpts["before"], ckpts["after"], block_elems=config.block_elems, threads=config.threads)
     distance = DistanceAccumulator()
+    walk.add_hook(distance.add)
     frag_acc, frag_section, stats = None, None, None
     if will_frag:
-        import torch
-
         from lacuna_metrics.activations import activation_stats
         from lacuna_metrics.frag import FragAccumulator
 
@@ -177,16 +186,13 @@ def score_pair(
     elif frag:
         frag_section = {"skipped": "no calibration text: give --calib-forget/--calib-retain or --testbed"}
 
-    scored = set(frag_acc.names) if frag_acc is not None else set()
-
-    def on_pair(name: str, o: Any, u: Any) -> None:
-        distance.add(name, o, u)
-        if name in scored:
-            assert frag_acc is not None
-            frag_acc.add(name, o, u)
+    if frag_acc is not None:
+        walk.add_hook(_only(set(frag_acc.names), frag_acc.add))
 
     total = sum(ckpts["before"].info(n).numel for n in ckpts["before"].names if not ckpts["before"].is_alias(n))
-    with _progress_bar(total, progress) as bar:
+    quiet = {} if progress else {"disable": True}
+    with progress_bar(total=total, unit="param", unit_scale=True, desc="scoring", **quiet) as bar:
+        walk.add_progress(bar.update)
         if mask_reader is not None:
             localization = Localization(
                 ckpts["before"],
@@ -196,20 +202,17 @@ def score_pair(
                 control=(ckpts["control_before"], ckpts["control_after"]) if "control_before" in ckpts else None,
                 crossfield=[ckpts[k] for k in ckpts if k.startswith("crossfield")],
                 config=config,
+                walk=walk,
             )
-            loc = localization.run(on_pair, bar.update)
+            loc = localization.run()
             timings: dict[str, float] | None = localization.timings
         else:
             loc = timings = None
-            _walk_pairs(
-                ckpts["before"], ckpts["after"], on_pair, bar.update, (config or LocalizationConfig()).block_elems
-            )
+            walk.run()
 
     null_section = None
     if loc is not None and null:
-        null_section = _null_calibration(
-            loc["auc"], ckpts, Path(masks), testbed, config or LocalizationConfig(), null_tolerance
-        )
+        null_section = _null_calibration(loc["auc"], ckpts, Path(masks), testbed, config, null_tolerance)
     if frag_acc is not None:
         frag_section = frag_acc.result()
         assert stats is not None
@@ -232,12 +235,12 @@ def score_pair(
         "null_calibration": null_section,
         "localization_settings": loc["settings"] if loc else None,
     }
-    result["manifest"] = {
-        "inputs": inputs,
-        "masks": masks_id,
-        "masks_model": masks_model,
-        "testbed": str(Path(testbed).resolve()) if testbed is not None else None,
-        "calibration": {
+    result["manifest"] = build_manifest(
+        inputs=inputs,
+        masks=masks_id,
+        masks_model=masks_model,
+        testbed=str(Path(testbed).resolve()) if testbed is not None else None,
+        calibration={
             "forget": str(forget_source),
             "retain": str(retain_source),
             "samples": calib_samples,
@@ -246,15 +249,22 @@ def score_pair(
         }
         if frag_acc is not None
         else None,
-        "config": _config_dict(config or LocalizationConfig()),
-        "seed": (config or LocalizationConfig()).seed,
-        "gamma": gamma,
-        "versions": package_versions(),
-        "hardware": hardware(),
-        "wall_seconds": round(time.time() - started, 3),
-        "localization_timings": timings,
-    }
+        config=_config_dict(config),
+        seed=config.seed,
+        gamma=gamma,
+    )
+    result["manifest"].update(wall_seconds=round(time.time() - started, 3), localization_timings=timings)
     return result
+
+
+def _only(names: set[str], hook: PairHook) -> PairHook:
+    """``hook`` for the blocks of ``names`` only."""
+
+    def filtered(name: str, o: torch.Tensor, u: torch.Tensor) -> None:
+        if name in names:
+            hook(name, o, u)
+
+    return filtered
 
 
 def _calibration_record(
@@ -301,7 +311,7 @@ def _null_calibration(
     """The null-calibrated AUCs (lacuna_metrics.null_calibration) of this score. The null updates' AUCs come from
     the testbed's leak audit when it scored the same ``before`` and masks (recorded in its manifest), else they are
     computed here: each null update (seeded, docs/scoring.md "Null calibration") through the same scorer."""
-    from lacuna_metrics.leak_audit import NULL_KINDS, NullUpdate
+    from lacuna_metrics.leak_audit import NULL_KINDS, score_null_updates
     from lacuna_metrics.null_calibration import DEFAULT_NULL_SCALES, calibrate
 
     if not 0.0 < float(tolerance) < 0.5:
@@ -320,17 +330,9 @@ def _null_calibration(
         if same:
             audit = {"null": recorded["null"], "null_updates": recorded.get("null_updates"), "source": str(manifest)}
     if audit is None:
-        null: dict[str, Any] = {}
-        for kind in NULL_KINDS:
-            after = NullUpdate(ckpts["before"], kind, seed=config.seed, scale=DEFAULT_NULL_SCALES[kind])
-            result = Localization(
-                ckpts["before"], after, MaskReader(masks), base=ckpts.get("base"), config=config
-            ).run()
-            null[kind] = {
-                s: {t: result["auc"][t].get(s) for t in result["auc"]}
-                for s in result["auc"][next(iter(result["auc"]))]
-                if s != "best"
-            }
+        null, _first = score_null_updates(
+            ckpts["before"], masks, base=ckpts.get("base"), config=config, scales=DEFAULT_NULL_SCALES
+        )
         audit = {
             "null": null,
             "null_updates": {k: {"seed": config.seed, "scale": DEFAULT_NULL_SCALES[k]} for k in NULL_KINDS},
@@ -347,7 +349,7 @@ def _masks_model(
     """Tie the masks to ``before`` by the model fingerprint they record: ``status`` ``verified`` (equal),
     ``unverified`` (the file records none: a released ``mask.pt`` or a user's own file; warned), or
     ``mismatch_allowed`` (different, accepted by ``allow_mismatch``; warned). A mismatch is refused otherwise."""
-    say = warn or (lambda text: print(f"lacuna: warning: {text}", file=sys.stderr))
+    say = warn or logger.warning
     recorded = reader.model_fingerprint
     if recorded is None:
         status = "unverified"
@@ -388,33 +390,3 @@ def _config_dict(config: LocalizationConfig) -> dict[str, Any]:
     from dataclasses import asdict
 
     return asdict(config)
-
-
-def _walk_pairs(before: Checkpoint, after: Checkpoint, on_pair: Any, update: Any, block_elems: int) -> None:
-    """Stream every tensor pair (no masks): distances and FRAG only."""
-
-    def make() -> Any:
-        for name in before.names:
-            if before.is_alias(name):
-                continue
-            for start, stop in before.iter_blocks(name, block_elems):
-                yield name, before.read(name, start, stop), after.read(name, start, stop)
-
-    for name, o, u in prefetched(make):
-        on_pair(name, o, u)
-        update(o.numel())
-
-
-class _progress_bar:
-    """A tqdm bar over scalars read (silent when ``enabled`` is False or stderr is not a terminal)."""
-
-    def __init__(self, total: int, enabled: bool) -> None:
-        from tqdm.auto import tqdm
-
-        self._bar = tqdm(total=total, unit="param", unit_scale=True, desc="scoring", disable=not enabled)
-
-    def __enter__(self) -> Any:
-        return self._bar
-
-    def __exit__(self, *exc: object) -> None:
-        self._bar.close()

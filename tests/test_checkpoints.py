@@ -15,7 +15,8 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from lacuna_metrics.checkpoints import Checkpoint, CheckpointError, TensorInfo, check_compatible, prefetched
+from lacuna_metrics.checkpoints import Checkpoint, CheckpointError, TensorInfo, check_compatible
+from lacuna_metrics.pair_walk import PairWalk
 
 DTYPES = [torch.bfloat16, torch.float16, torch.float32]
 DTYPE_IDS = ["bf16", "fp16", "fp32"]
@@ -711,86 +712,73 @@ def test_fingerprint_sharded_and_large_file(tmp_path):
     assert Checkpoint(tmp_path / "big").fingerprint() != before
 
 
-# -- prefetched -----------------------------------------------------------------------------------
+# -- the pair walk (lacuna_metrics.pair_walk) -------------------------------------------------------
 
 
-@pytest.mark.parametrize("depth", [1, 3])
-def test_prefetched_yields_same_items_in_order(depth):
-    def make():
-        return iter(range(500))
-
-    assert list(prefetched(make, depth=depth)) == list(make())
-    assert list(prefetched(lambda: iter([]))) == []
-
-
-def test_prefetched_over_checkpoint_blocks(tmp_path):
-    w = torch.randn(50, 7)
-    save_file({"w": w}, str(tmp_path / "model.safetensors"))
-    ckpt = Checkpoint(tmp_path)
-
-    def blocks():
-        for start, stop in ckpt.iter_blocks("w", 20):
-            yield start, ckpt.read("w", start, stop)
-
-    got = list(prefetched(blocks))
-    assert [s for s, _ in got] == [s for s, _ in ckpt.iter_blocks("w", 20)]
-    assert torch.equal(torch.cat([b for _, b in got]), w)
+def _walk_pair_files(tmp_path):
+    before = {"w": torch.randn(50, 7), "v": torch.randn(13)}
+    after = {k: t + 1 for k, t in before.items()}
+    for label, tensors in (("before", before), ("after", after)):
+        (tmp_path / label).mkdir()
+        save_file(tensors, str(tmp_path / label / "model.safetensors"))
+    return Checkpoint(tmp_path / "before"), Checkpoint(tmp_path / "after"), before, after
 
 
-def test_prefetched_forwards_exceptions():
-    def make():
-        yield 1
-        yield 2
-        raise RuntimeError("boom in the reader")
+@pytest.mark.parametrize("threads", [1, 3])
+def test_walk_feeds_hooks_every_block_in_file_order(tmp_path, threads):
+    ckb, cka, before, after = _walk_pair_files(tmp_path)
+    walk = PairWalk(ckb, cka, block_elems=20, threads=threads)
+    seen, progress = [], []
+    walk.add_hook(lambda name, o, u: seen.append((name, o.clone(), u.clone())))  # blocks are reused buffers
+    walk.add_progress(progress.append)
+    walk.run()
+    expected = [(n, s) for n in ckb.names for s, _ in ckb.iter_blocks(n, 20)]
+    assert [n for n, _, _ in seen] == [n for n, _ in expected]
+    for name in before:
+        assert torch.equal(torch.cat([o.reshape(-1) for n, o, _ in seen if n == name]), before[name].reshape(-1))
+        assert torch.equal(torch.cat([u.reshape(-1) for n, _, u in seen if n == name]), after[name].reshape(-1))
+    assert sum(progress) == sum(t.numel() for t in before.values())
 
+
+@pytest.mark.parametrize("threads", [1, 3])
+def test_walk_raises_the_first_failed_block_in_file_order(tmp_path, threads):
+    ckb, cka, _before, _after = _walk_pair_files(tmp_path)
+    walk = PairWalk(ckb, cka, block_elems=7, threads=threads)
     seen = []
-    with pytest.raises(RuntimeError, match="boom in the reader"):
-        for item in prefetched(make):
-            seen.append(item)
-    assert seen == [1, 2]
+    walk.add_hook(lambda name, o, u: seen.append(name))
 
-    def fails_at_once():
-        raise CheckpointError("bad file")
+    def read(blk):
+        if blk.seq in (2, 4):
+            time.sleep(0.05 if blk.seq == 2 else 0.0)  # the later failure finishes first
+            raise CheckpointError(f"bad block {blk.seq}")
+        return walk.read_pair(blk)
 
-    with pytest.raises(CheckpointError, match="bad file"):
-        list(prefetched(fails_at_once))
+    with walk.session(), pytest.raises(CheckpointError, match="bad block 2"):
+        walk.run_blocks(walk.plan(ckb.names), read, None, hooks=True)
+    assert len(seen) >= 2  # the blocks before the failure reached the hooks, in order
 
 
-def test_prefetched_early_break_does_not_hang():
-    produced = []
+def test_walk_hook_exception_does_not_hang(tmp_path):
+    ckb, cka, _before, _after = _walk_pair_files(tmp_path)
+    walk = PairWalk(ckb, cka, block_elems=1, threads=3)
+    calls = []
 
-    def make():
-        for i in range(1000):
-            produced.append(i)
-            yield i
+    def hook(name, o, u):
+        calls.append(name)
+        if len(calls) == 5:
+            raise KeyError("boom in a hook")
 
+    walk.add_hook(hook)
     threads_before = threading.active_count()
     t0 = time.monotonic()
-    taken = []
-    for item in prefetched(make):
-        taken.append(item)
-        if len(taken) == 3:
-            break
-    assert taken == [0, 1, 2]
+    with pytest.raises(KeyError, match="boom in a hook"):
+        walk.run()
     assert time.monotonic() - t0 < 5
-    # the producer stops soon after the consumer leaves, rather than running the whole iterator
+    assert len(calls) < 50 + 13  # the walk stopped instead of reading every block
     deadline = time.monotonic() + 5
     while threading.active_count() > threads_before and time.monotonic() < deadline:
         time.sleep(0.01)
     assert threading.active_count() <= threads_before
-    assert len(produced) < 1000
-
-
-def test_prefetched_consumer_exception_does_not_hang():
-    def make():
-        yield from range(1000)
-
-    t0 = time.monotonic()
-    with pytest.raises(KeyError):
-        for item in prefetched(make):
-            if item == 5:
-                raise KeyError(item)
-    assert time.monotonic() - t0 < 5
 
 
 # -- memory ---------------------------------------------------------------------------------------
