@@ -23,6 +23,11 @@ FACTS: dict[str, str] = {
     "task YAML directory lookup": r"[\"/]task_yamls\b",
     "field key list literal": r"[\[(]\s*\"email\",\s*\"phone\"",
     "preset choice list literal": r"choices=\[\"(?:smoke|mini)\"",
+    "lm-eval results file search": r'rglob\(\s*"results|^RESULTS_GLOB\s*=',
+    "lm-eval metric-filter rule (',none' keys)": r'",none"|\},none"|\{NO_FILTER\}',
+    "run/testbed preset definitions": r"^(?:PRESETS|DEFAULT_RUN)\s*(?::[^=]*)?=\s*[\[{(]",
+    "null-update scoring loop": r"^\s*for kind in NULL_KINDS:",
+    "block walk over a checkpoint pair": r"^def (?:_walk_pairs|prefetched|walk_pair)\b|^class PairWalk\b|tqdm\(shared",
     "method registry": r"^(?:METHODS|EDITORS|_METHODS|_EDITORS|REGISTRY)\s*[:=]",
 }
 
