@@ -139,9 +139,31 @@ def drop_cache(paths: list[Path]) -> None:
 # -- child processes ----------------------------------------------------------------------------------
 
 
-def child(kind: str, spec: dict) -> dict:
+def _reset_peak_rss() -> None:
+    """Start this process's peak-RSS count afresh: a child inherits the parent's high-water mark through fork
+    (Linux keeps ``ru_maxrss`` across exec), so after the parent generated a pair every child read as ~2.8 GB."""
+    try:
+        with open("/proc/self/clear_refs", "w") as fh:
+            fh.write("5")
+    except OSError:
+        pass
+
+
+def _peak_rss_gb() -> float:
+    """Peak RSS since :func:`_reset_peak_rss` (``VmHWM``), else ``ru_maxrss``."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024**2
+    except OSError:
+        pass
     import resource
 
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024**2
+
+
+def child(kind: str, spec: dict) -> dict:
+    _reset_peak_rss()
     import torch
 
     from lacuna_metrics.checkpoints import Checkpoint
@@ -194,7 +216,7 @@ def child(kind: str, spec: dict) -> dict:
         out["auc_forget"] = {"raw": float(roc_auc_score(forget, delta))}
         out["params"] = int(delta.size)
     out["seconds"] = time.perf_counter() - started
-    out["peak_rss_gb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024**2
+    out["peak_rss_gb"] = _peak_rss_gb()
     return out
 
 
