@@ -38,7 +38,6 @@ import torch
 from lacuna_metrics.auc import qtile_values
 from lacuna_metrics.checkpoints import Checkpoint, release_memory
 from lacuna_metrics.composite import composite_model, fit_composite, out_of_fold_proba, warm_composite
-from lacuna_metrics.composite import sample_roc as _sample_roc  # noqa: F401 (tests/test_report.py imports it here)
 from lacuna_metrics.group_stats import (
     GroupScoring,
     GroupStats,

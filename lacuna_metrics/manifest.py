@@ -42,7 +42,6 @@ PACKAGES = (
     "tokenizers",  # a testbed's tokenizer
     "faker",  # a testbed's synthetic people
 )
-DEFAULT_PACKAGES = PACKAGES  # the name older callers import
 
 
 def package_versions(names: tuple[str, ...] = PACKAGES) -> dict[str, str]:

@@ -29,7 +29,6 @@ from typing import Any
 from lacuna_metrics.results import BEHAVIOUR_METRICS, schema_stamp
 from lacuna_tasks.schema import NEUTRAL_HELDOUT_FILE, NEUTRAL_PPL_TASK
 from lacuna_unlearn.run_behaviour import behaviour, eval_stage
-from lacuna_unlearn.run_behaviour import behaviour as _behaviour  # noqa: F401  (the old name tests import)
 from lacuna_unlearn.run_config import (  # noqa: F401  (re-exported: the pipeline's config)
     DEFAULT_RUN,
     POSITIVE_CONTROL,
@@ -39,9 +38,7 @@ from lacuna_unlearn.run_config import (  # noqa: F401  (re-exported: the pipelin
     validate_run_config,
 )
 from lacuna_unlearn.run_method import method_entry, positive_control
-from lacuna_unlearn.run_stages import Stages, testbed_fingerprint
-from lacuna_unlearn.run_stages import locked as _locked  # noqa: F401  (the old names tests import)
-from lacuna_unlearn.run_stages import stage_key as _key  # noqa: F401
+from lacuna_unlearn.run_stages import Stages, locked, testbed_fingerprint
 
 __all__ = ["DEFAULT_RUN", "RUN_SCHEMA", "SEED_METRICS", "across_seeds", "load_run_config", "run_benchmark"]
 
@@ -99,7 +96,7 @@ def run_benchmark(
     module's logger at INFO, shown where :func:`lacuna_tasks.logs.configure_logging` set it up)."""
     cfg = copy.deepcopy(dict(cfg or DEFAULT_RUN))
     validate_run_config(cfg)
-    with _locked(Path(out_dir)):
+    with locked(Path(out_dir)):
         return _run_locked(Path(out_dir), cfg, log)
 
 

@@ -50,7 +50,6 @@ from lacuna_unlearn.corpus import (  # noqa: F401  (re-exported: tests and bench
     hold_out_neutral,
     pack,
     testbed_corpus,
-    training_questions,
     with_training_question_forms,
 )
 from lacuna_unlearn.injection import StepBatches, StepPlan, train_steps

@@ -251,12 +251,12 @@ def test_roc_draws_the_best_curve_first(tmp_path):
 def test_sample_roc_area_is_the_auc():
     from sklearn.metrics import roc_auc_score
 
-    from lacuna_metrics.localization import _sample_roc
+    from lacuna_metrics.composite import sample_roc
 
     rng = np.random.default_rng(0)
     y = rng.random(3000) < 0.3
     scores = np.round(rng.normal(size=3000) + 0.7 * y, 1)  # ties
-    curve = _sample_roc(scores, y, max_points=10_000)
+    curve = sample_roc(scores, y, max_points=10_000)
     area = np.trapezoid(curve["tpr"], curve["fpr"])
     assert area == pytest.approx(roc_auc_score(y, scores), abs=1e-5)
     assert curve["fpr"][0] == curve["tpr"][0] == 0.0 and curve["fpr"][-1] == curve["tpr"][-1] == 1.0
@@ -276,7 +276,7 @@ def test_score_markdown_still_renders():
 def test_behaviour_counts_the_fields_persons(tmp_path):
     from lacuna_tasks.generate import build_splits, generate_profiles, write_dataset
     from lacuna_tasks.loader import load_data
-    from lacuna_unlearn.run import _behaviour
+    from lacuna_unlearn.run_behaviour import behaviour
 
     profiles = generate_profiles(48, seed=7)
     data = write_dataset(tmp_path / "data", profiles, build_splits(profiles, seed=7, people_per_field=5))
@@ -288,18 +288,18 @@ def test_behaviour_counts_the_fields_persons(tmp_path):
         "lacuna_phone_retain_qa": {"accuracy": 1.0},
         "lacuna_phone_forget_memorization": {"em": 0.5, "es": 0.5, "prob": 0.3},
     }
-    got = _behaviour(results, "phone", data)
+    got = behaviour(results, "phone", data)
     assert got["forget_leak"] == 0.2 and forget == 5
     assert got["n"]["forget_leak"] == got["n"]["em"] == forget and got["n"]["retain_accuracy"] == retain
     assert got["n"]["j_w"] is None and got["n"]["retain_j_avg"] is None  # tasks that did not run
-    assert "n" not in _behaviour(results, "phone")  # no data: no counts (the old shape)
+    assert "n" not in behaviour(results, "phone")  # no data: no counts (the old shape)
 
 
 def test_behaviour_intervals_are_over_persons():
     """With the evaluation's per-person values, every rate gets n = persons observed and a bootstrap interval over
     persons that contains the rate; a metric that did not run gets neither."""
     from lacuna_metrics.intervals import bootstrap_interval
-    from lacuna_unlearn.run import _behaviour
+    from lacuna_unlearn.run_behaviour import behaviour
 
     leak = {f"p{i}": float(i < 3) for i in range(10)}  # 3 of 10 persons leak
     results = {"lacuna_email_forget_qa": {"leak_rate": 0.3}, "lacuna_email_forget_worstcase": {"j_w": 0.3}}
@@ -307,7 +307,7 @@ def test_behaviour_intervals_are_over_persons():
         "lacuna_email_forget_qa": {"leak_rate": leak},
         "lacuna_email_forget_worstcase": {"j_w": leak, "j_icr": {}},
     }
-    got = _behaviour(results, "email", None, persons, seed=4)
+    got = behaviour(results, "email", None, persons, seed=4)
     assert got["n"]["forget_leak"] == got["n"]["j_w"] == 10
     assert got["ci"]["forget_leak"] == bootstrap_interval(leak, seed=4)
     low, high = got["ci"]["forget_leak"]

@@ -13,27 +13,28 @@ from pathlib import Path
 import pytest
 
 from lacuna_unlearn.cli import main
-from lacuna_unlearn.run import _key, _locked, load_run_config, run_benchmark
+from lacuna_unlearn.run import load_run_config, run_benchmark
+from lacuna_unlearn.run_stages import locked, stage_key
 
 
 def test_second_run_into_the_same_out_is_refused(tmp_path):
     (tmp_path / "tb").mkdir()
     (tmp_path / "tb" / "manifest.json").write_text("{}")
     cfg = load_run_config(preset="smoke", overrides={"testbed": str(tmp_path / "tb")})
-    with _locked(tmp_path / "run"):
+    with locked(tmp_path / "run"):
         with pytest.raises(FileExistsError, match=r"another lacuna run is writing here \(pid \d+\)"):
             run_benchmark(tmp_path / "run", cfg)
-    with _locked(tmp_path / "run"):  # released when the first holder is done
+    with locked(tmp_path / "run"):  # released when the first holder is done
         pass
 
 
 def test_stage_keys_change_with_the_package_version(monkeypatch):
     import lacuna_metrics.manifest as manifest
 
-    before = _key({"kind": "eval", "model": "x"})
-    assert before == _key({"kind": "eval", "model": "x"})
+    before = stage_key({"kind": "eval", "model": "x"})
+    assert before == stage_key({"kind": "eval", "model": "x"})
     monkeypatch.setattr(manifest, "package_versions", lambda names: {"lacuna-bench": "999.0"})
-    assert _key({"kind": "eval", "model": "x"}) != before
+    assert stage_key({"kind": "eval", "model": "x"}) != before
 
 
 def test_force_refuses_a_directory_that_is_not_a_testbed(tmp_path, capsys):
