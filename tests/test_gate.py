@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import argparse
 import json
-import logging
-import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
+from gate_cli import gate
 
 from lacuna_metrics.gate import (
     FAIL,
@@ -17,40 +15,14 @@ from lacuna_metrics.gate import (
     PASS,
     Criterion,
     GateError,
-    add_arguments,
     evaluate,
     find_lm_eval_results,
     load_subjects,
     parse_check,
-    run,
     write_junit,
 )
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-class _Stderr(logging.Handler):
-    """The gate's log records on the stderr of the moment (capsys), as ``lacuna``'s logging setup prints them
-    (``%(message)s`` to stderr), whatever handlers an earlier test's CLI call left behind."""
-
-    def emit(self, record: logging.LogRecord) -> None:
-        print(self.format(record), file=sys.stderr)
-
-
-def gate(*argv: str) -> int:
-    p = argparse.ArgumentParser()
-    add_arguments(p)
-    logger = logging.getLogger("lacuna_metrics.gate")
-    handler, level, propagate = _Stderr(), logger.level, logger.propagate
-    logger.addHandler(handler)
-    logger.setLevel(logging.INFO)
-    logger.propagate = False
-    try:
-        return run(p.parse_args([str(a) for a in argv]))
-    finally:
-        logger.removeHandler(handler)
-        logger.setLevel(level)
-        logger.propagate = propagate
 
 
 def method(leak: float, retain: float, auc: float, *, success: float = 0.1, frag: float = 0.3) -> dict:

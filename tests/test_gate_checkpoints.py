@@ -7,9 +7,7 @@ and two "unlearned" checkpoints A and B of the same architecture that differ in 
 
 from __future__ import annotations
 
-import argparse
 import json
-import logging
 import os
 import shutil
 import subprocess
@@ -20,10 +18,10 @@ from typing import Any
 
 import pytest
 import torch
+from gate_cli import gate
 from safetensors.torch import load_file, save_file
 
 from lacuna_metrics.checkpoints import Checkpoint, file_fingerprint
-from lacuna_metrics.gate import add_arguments, run
 
 LAYERS, HIDDEN, INTER, VOCAB = 4, 16, 32, 64
 
@@ -62,30 +60,6 @@ def _lacuna(*args: Any) -> subprocess.CompletedProcess[str]:
     cmd = [str(script)] if script.is_file() else [sys.executable, "-m", "lacuna_unlearn.cli"]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
     return subprocess.run([*cmd, *map(str, args)], capture_output=True, text=True, env=env, timeout=600, check=False)
-
-
-class _Stderr(logging.Handler):
-    """The gate's log records on the stderr of the moment (capsys), as ``lacuna``'s logging setup prints them
-    (``%(message)s`` to stderr), whatever handlers an earlier test's CLI call left behind."""
-
-    def emit(self, record: logging.LogRecord) -> None:
-        print(self.format(record), file=sys.stderr)
-
-
-def gate(*argv: Any) -> int:
-    p = argparse.ArgumentParser()
-    add_arguments(p)
-    logger = logging.getLogger("lacuna_metrics.gate")
-    handler, level, propagate = _Stderr(), logger.level, logger.propagate
-    logger.addHandler(handler)
-    logger.setLevel(logging.INFO)
-    logger.propagate = False
-    try:
-        return run(p.parse_args([str(a) for a in argv]))
-    finally:
-        logger.removeHandler(handler)
-        logger.setLevel(level)
-        logger.propagate = propagate
 
 
 def lm_eval_out(root: Path, model_args: str, *, date: float | None = None, **config: Any) -> Path:
