@@ -2,6 +2,7 @@
 
     python benchmarks/bench_memorization_curve.py --preset mini [--set KEY=VALUE ...] [--probe-every 600]
                                                   [--probe-prompts 4] [--threads 1] [--out curve.json]
+                                                  [--robustness-people 6]
 
 Runs the builder's own stages (corpus, tokenizer, base pretraining, masked injection with the preset's plan)
 and, every ``--probe-every`` PII micro-batches, probes a copy of the model: QA tuning as the build does it,
@@ -9,7 +10,10 @@ then the build's memorization test with ``--probe-prompts`` fresh multi-sentence
 field. Each probe records the build seconds so far (probe time excluded), and per field the number of
 forget-side and retain-side people who are extractable (>= 1 correct) and eligible (>= 2 correct, LACUNA's
 rule), plus the loss on the held-out neutral slice. The people a preset needs per field are the forget people
-plus retain and retain-eval people (issue 19: 20 + 20 + 10). Written as JSON (``--out``) and a table.
+plus retain and retain-eval people (issue 19: 20 + 20 + 10). With ``--robustness-people N`` every probe also
+builds the splits from the memorized people and runs the build's robustness test on them (J_P / J_ICR on forget
+people, paraphrase / ICR accuracy on retain-eval people; questions never in the injected text). Written as JSON
+(``--out``) and a table.
 """
 
 from __future__ import annotations
@@ -33,6 +37,13 @@ def main() -> None:
     parser.add_argument("--probe-prompts", type=int, default=4, help="fresh questions per person and field")
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--out", default=None, help="JSON file (rewritten after every probe)")
+    parser.add_argument(
+        "--robustness-people",
+        type=int,
+        default=0,
+        help="at every probe, also the build's robustness test (J_P / J_ICR, paraphrase accuracy) on up to this "
+        "many split people per split and field (0 = off)",
+    )
     args = parser.parse_args()
     if args.threads:
         os.environ["OMP_NUM_THREADS"] = str(args.threads)
@@ -47,9 +58,9 @@ def main() -> None:
     from lacuna_unlearn.corpus import pack, testbed_corpus
     from lacuna_unlearn.injection import NEUTRAL, StepPlan, train_steps
     from lacuna_unlearn.qa_tuning import qa_tune
-    from lacuna_unlearn.testbed import _batches, _build_masks, _num_layers, _tokenizer_and_model
+    from lacuna_unlearn.testbed import _batches, _build_masks, _num_layers, _splits, _tokenizer_and_model
     from lacuna_unlearn.testbed_presets import get_preset
-    from lacuna_unlearn.testbed_probes import memorization_test
+    from lacuna_unlearn.testbed_probes import memorization_test, robustness_test
 
     cfg = get_preset(args.preset, **_parse_overrides(args.set))
     state = PartialState(cpu=True)
@@ -86,7 +97,9 @@ def main() -> None:
     }
     probe_at[plan.steps] = done_after[-1]
     rows: list[dict[str, Any]] = []
-    probe_cfg = cfg.replace(memorization_prompts=max(2, args.probe_prompts))
+    probe_cfg = cfg.replace(
+        memorization_prompts=max(2, args.probe_prompts), robustness_people=args.robustness_people, fit_people=True
+    )
     build_clock[0] = time.perf_counter() - start
 
     def heldout_loss(model) -> float:
@@ -114,7 +127,7 @@ def main() -> None:
             probe, _ = qa_tune(probe, tokenizer, corpus.qa_tuning, layers=layers, steps=cfg.qa_tune_steps,
                                lr=cfg.qa_tune_lr, batch_size=cfg.qa_tune_batch, r=cfg.lora_r, alpha=cfg.lora_alpha,
                                out_dir=work / "qa", seed=cfg.seed, desc="probe QA tuning")  # fmt: skip
-            _, report = memorization_test(probe, tokenizer, corpus, probe_cfg)
+            memorized, report = memorization_test(probe, tokenizer, corpus, probe_cfg)
             row: dict[str, Any] = {
                 "pii_micro_batches": probe_at[st.global_step],
                 "optimizer_steps": st.global_step,
@@ -133,6 +146,12 @@ def main() -> None:
                     }
                     for side in ("forget", "retain")
                 }
+            if args.robustness_people:
+                try:
+                    splits, _ = _splits(corpus, probe_cfg, memorized, report)
+                    row["robustness"] = robustness_test(probe, tokenizer, corpus, splits, probe_cfg)
+                except ValueError as err:  # too few memorized people for the splits yet
+                    row["robustness"] = {"skipped": str(err)}
             rows.append(row)
             print(_line(row), file=sys.stderr, flush=True)
             if args.out:
@@ -165,7 +184,21 @@ def _line(row: dict[str, Any]) -> str:
     for key, entry in row["fields"].items():
         f, r = entry["forget"], entry["retain"]
         parts.append(f"{key} F {f['extractable']}/{f['people']} R {r['extractable']}/{r['people']}")
+    robustness = row.get("robustness") or {}
+    for key, entry in (robustness.get("forget") or {}).items():
+        held = (robustness.get("retain_eval") or {}).get(key, {})
+        parts.append(
+            f"\n    robustness {key}: forget J_P {_fmt(entry.get('j_p'))} J_ICR {_fmt(entry.get('j_icr'))} "
+            f"(n {entry.get('people')}); retain-eval paraphrase acc {_fmt(held.get('paraphrase_accuracy'))} "
+            f"ICR acc {_fmt(held.get('icr_accuracy'))} (n {held.get('people', 0)})"
+        )
+    if "skipped" in robustness:
+        parts.append(f"\n    robustness skipped: {robustness['skipped']}")
     return "  ".join(parts)
+
+
+def _fmt(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
 
 
 def _write(path: Path, cfg, args, rows: list[dict[str, Any]]) -> None:

@@ -19,6 +19,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from lacuna_unlearn.config import check_value
 from lacuna_unlearn.methods.registry import EDITORS, config_defaults, resolve, store_method_configs
 
 __all__ = ["EDITORS", "main", "preflight", "run"]
@@ -147,13 +148,9 @@ def preflight(cfg: Any) -> None:
             raise FileNotFoundError(f"{key}={value}: no such file or directory (only local paths are read)")
     if cfg.get("testbed") and not (Path(str(cfg.testbed)) / "manifest.json").is_file():
         raise ValueError(f"testbed={cfg.testbed}: not a testbed (no manifest.json)")
-    seed = cfg.get("seed")
-    if isinstance(seed, bool) or not isinstance(seed, int):
-        raise ValueError(f"seed={seed!r}: expected an integer")
+    check_value("seed", int, cfg.get("seed"))
     for key in ("freeze_embeddings", "append_eos"):
-        value = cfg.get(key)
-        if value is not None and not isinstance(value, bool):
-            raise ValueError(f"{key}={value!r}: expected true or false")
+        check_value(key, bool | None, cfg.get(key))
     from lacuna_tasks.schema import FIELDS
 
     if cfg.get("field") != "all" and cfg.get("field") not in FIELDS:
@@ -183,16 +180,11 @@ def preflight(cfg: Any) -> None:
     for key, value in args.items():
         default = defaults[key]
         if isinstance(default, bool):
-            ok = isinstance(value, bool)
+            check_value(f"trainer.args.{key}", bool, value)
         elif key in _INTEGER_ARGS:
-            ok = isinstance(value, int) and not isinstance(value, bool)
+            check_value(f"trainer.args.{key}", int, value)
         elif isinstance(default, (int, float)):
-            ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-        else:
-            ok = True
-        if not ok:
-            kind = "true or false" if isinstance(default, bool) else f"a number ({type(default).__name__})"
-            raise ValueError(f"trainer.args.{key}={value!r}: expected {kind}")
+            check_value(f"trainer.args.{key}", float, value)
     # Last: the data selection's keys (lacuna_unlearn.unlearn_data imports torch, which run() needs next anyway).
     from lacuna_unlearn.unlearn_data import check_unlearning_splits, validate_retain_field
 
@@ -210,20 +202,13 @@ def _method_defaults(cfg: Any) -> dict[str, Any]:
 
 
 def _check_typed(prefix: str, values: dict[str, Any], defaults: dict[str, Any]) -> None:
-    """A value whose shipped default is a bool must be a bool, one whose default is a number must be a number
-    (an int where the default is an int); keys without a numeric default are left to the method."""
+    """A value whose shipped default is a bool, an int or a float must have that type (an int is a number), checked by
+    the one type check of every setting (:func:`lacuna_unlearn.config.check_value`); keys without such a default
+    are left to the method."""
     for key, value in values.items():
         default = defaults.get(key)
-        if isinstance(default, bool):
-            ok, kind = isinstance(value, bool), "true or false"
-        elif isinstance(default, int):
-            ok, kind = isinstance(value, int) and not isinstance(value, bool), "an integer"
-        elif isinstance(default, float):
-            ok, kind = isinstance(value, (int, float)) and not isinstance(value, bool), "a number"
-        else:
-            continue
-        if not ok:
-            raise ValueError(f"{prefix}.{key}={value!r}: expected {kind}")
+        if isinstance(default, (bool, int, float)):
+            check_value(f"{prefix}.{key}", type(default), value)
 
 
 def _run_editor(

@@ -40,9 +40,13 @@ def fake_testbed(tmp_path_factory) -> Path:
 @pytest.mark.parametrize(
     ("override", "named"),
     [
-        ("trainer.args.learning_rate=abc", "trainer.args.learning_rate='abc'"),
-        ("trainer.args.max_steps=2.5", "trainer.args.max_steps=2.5"),
-        ("trainer.args.bf16=maybe", "trainer.args.bf16='maybe'"),
+        ("trainer.args.learning_rate=abc", "trainer.args.learning_rate: expected a number, got 'abc'"),
+        ("trainer.args.max_steps=2.5", "trainer.args.max_steps: expected an integer, got 2.5"),
+        ("trainer.args.bf16=maybe", "trainer.args.bf16: expected true or false, got 'maybe'"),
+        ("trainer.args.learning_rate=nan", "trainer.args.learning_rate: expected a number, got nan"),
+        ("method.args.alpha=abc", "method.args.alpha: expected a number, got 'abc'"),
+        ("seed=1.5", "seed: expected an integer, got 1.5"),
+        ("freeze_embeddings=maybe", "freeze_embeddings: expected true or false, got 'maybe'"),
         ("output_dir=???", "output_dir is required"),
         ("model=/nonexistent/ckpt", "model=/nonexistent/ckpt"),
         ("masks=/nonexistent/masks.safetensors", "masks=/nonexistent/masks.safetensors"),
