@@ -485,10 +485,11 @@ CASES: dict[str, Case] = {
     "bad-value/attack-budget": C(lambda i, o: _attack(i, o, "--budget", "lots"), lambda i, o: ["--budget", "lots"]),
     "bad-value/attack-learning-rate": C(
         lambda i, o: _attack(i, o, "--set", "trainer.args.learning_rate=abc"),
-        lambda i, o: ["trainer.args.learning_rate='abc'"],
+        lambda i, o: ["trainer.args.learning_rate: expected a number, got 'abc'"],
     ),
     "bad-value/attack-max-steps": C(
-        lambda i, o: _attack(i, o, "--set", "trainer.args.max_steps=2.5"), lambda i, o: ["trainer.args.max_steps=2.5"]
+        lambda i, o: _attack(i, o, "--set", "trainer.args.max_steps=2.5"),
+        lambda i, o: ["trainer.args.max_steps: expected an integer, got 2.5"],
     ),
     "unknown-key/attack-method": C(
         lambda i, o: _attack(i, o, "--set", "method=nosuch"), lambda i, o: ["method/nosuch", "finetune"]
