@@ -258,7 +258,7 @@ def training_questions(profile: dict[str, Any], field: str, k: int, seed: int) -
 
 def with_training_question_forms(corpus: TestbedCorpus, per_field: int, block: int, seed: int) -> TestbedCorpus:
     """Add ``per_field`` QA texts per target person and field in training-only question forms, then join each
-    group's QA texts into documents of ``block`` pairs (different people where possible, ICR's layout)."""
+    group's QA texts, shuffled, into documents of ``block`` pairs (ICR's layout; mostly different people)."""
     if per_field == 0 and block == 1:
         return corpus
     qa: dict[int, list[str]] = {g: list(texts) for g, texts in corpus.pii_qa.items()}

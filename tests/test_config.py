@@ -16,7 +16,7 @@ from lacuna_unlearn.config import config_choices, parse_overrides, preset_names
 
 #: Every preset as the hand-written dicts/dataclasses of the previous release returned it (captured before the
 #: presets became YAML files), updated only where a preset changed on purpose (testbed mini: training-only question
-#: forms, issue 19; CHANGELOG).
+#: forms and two-pair QA documents, issue 19; CHANGELOG).
 SNAPSHOT = json.loads((Path(__file__).with_name("config_presets_snapshot.json")).read_text())
 
 

@@ -228,6 +228,23 @@ def test_training_question_forms_are_never_probe_questions():
     assert any(t.count("Q: ") == 3 for texts in varied.pii_qa.values() for t in texts)  # ICR-shaped blocks
 
 
+
+def test_mini_qa_documents_have_the_icr_prompt_layout():
+    """``mini`` injects two QA pairs per document (``qa_block: 2``): the layout of an ICR prompt, so the model has
+    answered a question that follows another person's pair (docs/testbeds.md 'ICR-shaped QA documents')."""
+    from lacuna_tasks.prompts import qa_text
+    from lacuna_unlearn.corpus import testbed_corpus
+    from lacuna_unlearn.testbed_presets import get_preset
+
+    cfg = get_preset("mini")
+    assert cfg.qa_block == 2
+    corpus, _ = testbed_corpus(cfg)
+    for group, docs in corpus.pii_qa.items():
+        assert all(d.count("Q: ") == 2 for d in docs[:-1]), group  # only a group's last document may hold one
+        first, second = docs[0].split("\nQ: ")
+        question, answer = first.removeprefix("Q: ").split("\nA: ")
+        assert docs[0].startswith(qa_text(question, answer))  # the first pair reads as an ICR example
+
 def test_neutral_heldout_is_never_trained():
     from lacuna_unlearn.corpus import build_corpus
     from lacuna_unlearn.testbed import hold_out_neutral
