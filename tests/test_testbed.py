@@ -228,7 +228,6 @@ def test_training_question_forms_are_never_probe_questions():
     assert any(t.count("Q: ") == 3 for texts in varied.pii_qa.values() for t in texts)  # ICR-shaped blocks
 
 
-
 def test_mini_qa_documents_have_the_icr_prompt_layout():
     """``mini`` injects two QA pairs per document (``qa_block: 2``): the layout of an ICR prompt, so the model has
     answered a question that follows another person's pair (docs/testbeds.md 'ICR-shaped QA documents')."""
@@ -244,6 +243,7 @@ def test_mini_qa_documents_have_the_icr_prompt_layout():
         first, second = docs[0].split("\nQ: ")
         question, answer = first.removeprefix("Q: ").split("\nA: ")
         assert docs[0].startswith(qa_text(question, answer))  # the first pair reads as an ICR example
+
 
 def test_neutral_heldout_is_never_trained():
     from lacuna_unlearn.corpus import build_corpus
