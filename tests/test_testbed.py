@@ -240,7 +240,7 @@ def test_mini_qa_documents_have_the_icr_prompt_layout():
     corpus, _ = testbed_corpus(cfg)
     for group, docs in corpus.pii_qa.items():
         assert all(d.count("Q: ") == 2 for d in docs[:-1]), group  # only a group's last document may hold one
-        first, second = docs[0].split("\nQ: ")
+        first = docs[0].split("\nQ: ")[0]
         question, answer = first.removeprefix("Q: ").split("\nA: ")
         assert docs[0].startswith(qa_text(question, answer))  # the first pair reads as an ICR example
 
