@@ -178,10 +178,11 @@ class StreamingAUC:
             self._counts, self._off_edge, self._low_min, self._low_max, self._table = self._spare
             self._spare = None
         else:
-            self._counts = torch.zeros((1 << self.bits) * _NCAT, dtype=torch.int64)
+            # np.zeros maps untouched zero pages (calloc): only the bins a run occupies ever cost memory or time
+            self._counts = torch.from_numpy(np.zeros((1 << self.bits) * _NCAT, dtype=np.int64))
             self._low_min = torch.full((1 << self.bits,), 1 << self._shift, dtype=torch.int64)
             self._low_max = torch.full((1 << self.bits,), -1, dtype=torch.int64)
-            self._off_edge = torch.zeros_like(self._counts)
+            self._off_edge = torch.from_numpy(np.zeros((1 << self.bits) * _NCAT, dtype=np.int64))
             self._table = np.zeros(TABLE_KEYS * _NCAT, dtype=np.int64)
         for s, c in zip(buffered, cats, strict=True):
             self._histogram(s, c)

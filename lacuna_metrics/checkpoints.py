@@ -40,7 +40,9 @@ __all__ = [
     "FINGERPRINT_SCHEME",
     "check_compatible",
     "file_fingerprint",
+    "fingerprint_of",
     "release_memory",
+    "tensor_digest",
 ]
 
 _SAFETENSORS_DTYPES: dict[str, torch.dtype] = {
@@ -261,6 +263,19 @@ class Checkpoint:
 
         With ``scratch`` the block lands in reused buffers (valid until the next read with the same scratch).
         """
+        return self.read_stored(name, start, stop, check_finite=check_finite, scratch=scratch)[1]
+
+    def read_stored(
+        self,
+        name: str,
+        start: int = 0,
+        stop: int | None = None,
+        *,
+        check_finite: bool = True,
+        scratch: Scratch | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`read`'s block both as stored (the bytes a fingerprint hashes, e.g. the pair walk's) and as float32
+        (one tensor when stored as float32)."""
         info = self.info(name)
         stop = info.rows if stop is None else stop
         if not 0 <= start <= stop <= info.rows:
@@ -274,7 +289,7 @@ class Checkpoint:
             out = raw.to(torch.float32)
         if check_finite and (bad := _nonfinite(out)):
             raise CheckpointError(f"{info.file}: tensor {name!r} contains {bad} NaN/inf values (rows {start}-{stop})")
-        return out
+        return raw, out
 
     def read_raw(
         self, name: str, start: int = 0, stop: int | None = None, *, scratch: Scratch | None = None
@@ -464,7 +479,8 @@ def _hash_range(file: Path, offset: int, nbytes: int, digest: Any) -> None:
         os.close(fd)
 
 
-def _tensor_digest(ckpt: Checkpoint, info: TensorInfo) -> str:
+def tensor_digest(ckpt: Checkpoint, info: TensorInfo) -> str:
+    """SHA-256 (hex) of one stored tensor's bytes: a part of :meth:`Checkpoint.fingerprint`."""
     digest = hashlib.sha256()
     if info.offset >= 0:
         _hash_range(info.file, info.offset, info.numel * _itemsize(info.dtype), digest)
@@ -485,12 +501,15 @@ def _content_fingerprint(ckpt: Checkpoint) -> str:
 
         order = sorted(mapped, key=lambda i: (str(i.file), i.offset))  # file order: sequential reads
         with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="lacuna-fingerprint") as pool:
-            digests.update(
-                zip((i.name for i in order), pool.map(lambda i: _tensor_digest(ckpt, i), order), strict=True)
-            )
+            digests.update(zip((i.name for i in order), pool.map(lambda i: tensor_digest(ckpt, i), order), strict=True))
     for info in infos:  # pickles (one shard loaded at a time) and the single-thread case
         if info.name not in digests:
-            digests[info.name] = _tensor_digest(ckpt, info)
+            digests[info.name] = tensor_digest(ckpt, info)
+    return fingerprint_of(ckpt, digests)
+
+
+def fingerprint_of(ckpt: Checkpoint, digests: Mapping[str, str]) -> str:
+    """The fingerprint from every tensor's SHA-256 digest (:data:`FINGERPRINT_SCHEME`)."""
     payload = {
         "scheme": FINGERPRINT_SCHEME,
         "tensors": [

@@ -281,7 +281,10 @@ class Localization:
 
         hooks = collect is not None or not universe
         self.walk.run_blocks(
-            blocks, lambda blk: self._space.read(blk, universe, self.walk.scratch()), work, hooks=hooks
+            blocks,
+            lambda blk: self._space.read(blk, universe, self.walk.scratch()),
+            work,
+            hooks=hooks,
         )
         return scoring
 
@@ -307,9 +310,12 @@ class Localization:
         )
         need_delta = "qtile" in self.scores or buffered
         need_contrast = buffered and self.control is not None
+        # whole-tensor buffers only for what is scored from them: fresh pages cost a fault each (a second of a
+        # 2 GB pair's --scores raw when the categories were kept for nothing)
+        need_cats = need_delta or bool(self.crossfield)
         for name in members:  # in file order: the composite's random samples do not depend on threads
             numel = self.masks.numel(name)
-            full: dict[str, torch.Tensor] = {"cats": torch.empty(numel, dtype=torch.uint8)}
+            full: dict[str, torch.Tensor] = {"cats": torch.empty(numel, dtype=torch.uint8)} if need_cats else {}
             if need_delta:
                 full["delta"] = torch.empty(numel, dtype=torch.float32)
             if need_contrast:
@@ -350,7 +356,8 @@ class Localization:
             feeds.append((sinks.group, b["delta"]))
         sinks.add_all(feeds, cat)
         lo, hi = blk.lo, blk.hi
-        state.full["cats"][lo:hi] = cat
+        if "cats" in state.full:
+            state.full["cats"][lo:hi] = cat
         if "delta" in state.full:
             state.full["delta"][lo:hi] = b["delta"]
         if "contrast" in state.full:
@@ -372,7 +379,7 @@ class Localization:
         with self._state_lock:
             state.blocks_left -= 1
             last = state.blocks_left == 0
-        if last:
+        if last and state.full:
             runs, keep = len(self.crossfield), scoring.buffered
             sinks.finish_tensor(
                 state.full, ties=cfg.qtile_ties, step=cfg.block_elems, crossfield_runs=runs, keep_delta=keep

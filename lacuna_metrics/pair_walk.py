@@ -13,6 +13,7 @@ Localization (:class:`lacuna_metrics.localization.Localization`) drives the walk
 from __future__ import annotations
 
 import gc
+import hashlib
 import math
 import os
 import threading
@@ -20,13 +21,14 @@ from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
-from lacuna_metrics.checkpoints import Checkpoint, Scratch
+from lacuna_metrics.checkpoints import Checkpoint, Scratch, fingerprint_of, tensor_digest
 from lacuna_tasks.logs import progress as progress_bar
 
-__all__ = ["DEFAULT_THREADS", "Block", "PairHook", "PairWalk", "walk_pair"]
+__all__ = ["DEFAULT_THREADS", "Block", "PairHook", "PairWalk", "StreamedFingerprint", "walk_pair"]
 
 #: Worker threads of the walk, each reading and scoring whole blocks.
 DEFAULT_THREADS = max(1, min(4, os.cpu_count() or 1))
@@ -92,6 +94,49 @@ def _gc_frozen() -> Iterator[None]:
         gc.unfreeze()
 
 
+class StreamedFingerprint:
+    """``Checkpoint.fingerprint()`` from the blocks a walk reads anyway, so hashing costs no read of its own.
+
+    Feed every block of a tensor in row order (:meth:`update`; :class:`PairWalk` does, a turnstile per
+    checkpoint). A tensor whose blocks were not all seen in order is hashed from its file by :meth:`finish`.
+    The result is the same string as ``Checkpoint.fingerprint()``: the per-tensor digests are SHA-256 of the
+    same bytes (docs/ci.md, the fingerprint).
+    """
+
+    def __init__(self, ckpt: Checkpoint) -> None:
+        self.ckpt = ckpt
+        self._hashes: dict[str, Any] = {}
+        self._next_row: dict[str, int] = {}
+        self._broken: set[str] = set()
+
+    def update(self, name: str, start: int, stop: int, stored: torch.Tensor) -> None:
+        """Hash rows ``[start, stop)`` of ``name`` (``stored``: as ``Checkpoint.read_stored`` returns them)."""
+        if name in self._broken or self.ckpt.is_alias(name):
+            return
+        if self._next_row.get(name, 0) != start:  # a gap or a repeat: hash this tensor from its file instead
+            self._broken.add(name)
+            return
+        digest = self._hashes.get(name)
+        if digest is None:
+            digest = self._hashes[name] = hashlib.sha256()
+        digest.update(stored.contiguous().reshape(-1).view(torch.uint8).numpy())
+        self._next_row[name] = stop
+
+    def finish(self) -> str:
+        """The checkpoint's fingerprint, also cached on it (later ``fingerprint()`` calls hash nothing)."""
+        ckpt = self.ckpt
+        if ckpt._fingerprint is None:  # the checkpoint's own cache (pair_walk and checkpoints share the scheme)
+            digests = {}
+            for info in (ckpt.info(n) for n in ckpt.names if not ckpt.is_alias(n)):
+                done = info.name not in self._broken and self._next_row.get(info.name, 0) == info.rows
+                if done and info.rows:
+                    digests[info.name] = self._hashes[info.name].hexdigest()
+                else:
+                    digests[info.name] = tensor_digest(ckpt, info)
+            ckpt._fingerprint = fingerprint_of(ckpt, digests)
+        return ckpt._fingerprint
+
+
 class PairWalk:
     """The blocks of ``before``/``after`` in file order, on ``threads`` workers; see the module docstring."""
 
@@ -110,6 +155,29 @@ class PairWalk:
         self._abort = False  # set when a block failed: the blocks still in flight skip their work
         self._turnstile = _Turnstile()
         self._thread_state = threading.local()
+        self._fingerprints: dict[str, StreamedFingerprint] = {}
+        self._hash_turnstiles: dict[str, _Turnstile] = {}  # one per hashed checkpoint: the two hash side by side
+
+    def stream_fingerprints(self, labels: Sequence[str] = ("before", "after")) -> None:
+        """Hash the tensors of ``labels`` (``before``/``after``) from the walk's own reads, each block in file order
+        (a turnstile per checkpoint): their :meth:`fingerprint` then costs no pass over the files of its own. The
+        readers must put each block as stored under ``"<label>_stored"`` (:meth:`read_pair` does)."""
+        if self._seq:  # a turnstile counts blocks from the walk's first
+            raise RuntimeError("PairWalk.stream_fingerprints() must be called before any block is planned")
+        for label in labels:
+            self._fingerprints[label] = StreamedFingerprint(getattr(self, label))
+            self._hash_turnstiles[label] = _Turnstile()
+
+    @property
+    def streamed(self) -> tuple[str, ...]:
+        """The labels whose fingerprints this walk hashes (:meth:`stream_fingerprints`)."""
+        return tuple(self._fingerprints)
+
+    def fingerprint(self, label: str) -> str:
+        """The fingerprint of ``before`` or ``after``: streamed when :meth:`stream_fingerprints` asked for it
+        (call after the walk), else hashed from the files."""
+        streamed = self._fingerprints.get(label)
+        return streamed.finish() if streamed is not None else getattr(self, label).fingerprint()
 
     def add_hook(self, hook: PairHook) -> None:
         """Call ``hook(name, before_block, after_block)`` for every block of the walk, in file order."""
@@ -164,10 +232,11 @@ class PairWalk:
     def read_pair(self, blk: Block) -> Blocks:
         """One block of ``before`` and ``after`` (NaN/inf checked) into this thread's buffers."""
         scratch = self.scratch()
-        return {
-            "before": self.before.read(blk.name, blk.start, blk.stop, scratch=scratch),
-            "after": self.after.read(blk.name, blk.start, blk.stop, scratch=scratch),
-        }
+        b: Blocks = {}
+        for label in ("before", "after"):
+            ckpt = getattr(self, label)
+            b[f"{label}_stored"], b[label] = ckpt.read_stored(blk.name, blk.start, blk.stop, scratch=scratch)
+        return b
 
     def run_blocks(
         self,
@@ -219,7 +288,14 @@ class PairWalk:
             if not self._abort:
                 b = read(blk)
         finally:
-            with self._turnstile.turn(blk.seq):  # always taken, so later blocks never wait for a failed one
+            # every turnstile is always taken, so later blocks never wait for a failed one; each checkpoint's
+            # fingerprint has a turnstile of its own (a tensor's blocks are hashed in order), so the hashing of
+            # one block's before, of another's after and the hooks run side by side
+            for label, streamed in self._fingerprints.items():
+                with self._hash_turnstiles[label].turn(blk.seq):
+                    if b is not None and hooks and not self._abort:
+                        streamed.update(blk.name, blk.start, blk.stop, b[f"{label}_stored"])
+            with self._turnstile.turn(blk.seq):
                 if b is not None and hooks and not self._abort:
                     for hook in self.hooks:
                         hook(blk.name, b["before"], b["after"])

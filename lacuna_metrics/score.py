@@ -148,15 +148,21 @@ def score_pair(
         mask_reader = MaskReader(masks)
         mask_reader.check_model(ckpts["before"].names, ckpts["before"].shape, str(ckpts["before"].path))
         masks_id = {"path": str(Path(masks).resolve()), "fingerprint": mask_reader.verify()}
-    # Name what is scored before scoring it: resolved path and content fingerprint of every input.
-    inputs = {label: {"path": str(c.path.resolve()), "fingerprint": c.fingerprint()} for label, c in ckpts.items()}
-    masks_model = _masks_model(mask_reader, inputs["before"], allow_mask_mismatch, warn) if mask_reader else None
-
-    from lacuna_metrics.distance import DistanceAccumulator
-
     config = config or LocalizationConfig()
     # the one walk over the pair: distances, FRAG and localization consume each block as it is read
     walk = PairWalk(ckpts["before"], ckpts["after"], block_elems=config.block_elems, threads=config.threads)
+    # Name what is scored: resolved path and content fingerprint of every input. The pair's fingerprints are
+    # hashed from the walk's own reads, except before's when the masks name their model: that check comes first.
+    check_first = mask_reader is not None and mask_reader.model_fingerprint is not None
+    walk.stream_fingerprints(("after",) if check_first else ("before", "after"))
+    early = {label: c for label, c in ckpts.items() if label not in walk.streamed}
+    inputs = {label: {"path": str(c.path.resolve()), "fingerprint": c.fingerprint()} for label, c in early.items()}
+    masks_model = None
+    if mask_reader is not None and check_first:
+        masks_model = _masks_model(mask_reader, inputs["before"], allow_mask_mismatch, warn)
+
+    from lacuna_metrics.distance import DistanceAccumulator
+
     distance = DistanceAccumulator()
     walk.add_hook(distance.add)
     frag_acc, frag_section, stats = None, None, None
@@ -210,6 +216,11 @@ def score_pair(
             loc = timings = None
             walk.run()
 
+    for label in walk.streamed:
+        inputs[label] = {"path": str(ckpts[label].path.resolve()), "fingerprint": walk.fingerprint(label)}
+    inputs = {label: inputs[label] for label in ckpts}  # in the inputs' order
+    if mask_reader is not None and not check_first:
+        masks_model = _masks_model(mask_reader, inputs["before"], allow_mask_mismatch, warn)
     null_section = None
     if loc is not None and null:
         null_section = _null_calibration(loc["auc"], ckpts, Path(masks), testbed, config, null_tolerance)

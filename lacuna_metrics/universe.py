@@ -121,13 +121,13 @@ class Universe:
         sources = self.sources(universe)
         if universe and not masked:
             sources = {k: v for k, v in sources.items() if k in ("before", "after", "control_before", "control_after")}
-        b = {
+        b: dict[str, torch.Tensor] = {}
+        for label, ck in sources.items():
             # in the universe the pair's NaN/inf check is part of the pair pass
-            label: ck.read(
-                blk.name, blk.start, blk.stop, check_finite=not universe or label not in _PAIR, scratch=scratch
-            )
-            for label, ck in sources.items()
-        }
+            check = not universe or label not in _PAIR
+            stored, b[label] = ck.read_stored(blk.name, blk.start, blk.stop, check_finite=check, scratch=scratch)
+            if label in _PAIR:  # as stored: for PairWalk.stream_fingerprints
+                b[f"{label}_stored"] = stored
         if universe:
             if masked:
                 b["mask"] = self.masks.read(blk.name, self.before.shape(blk.name), blk.start, blk.stop, scratch=scratch)

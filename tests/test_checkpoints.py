@@ -712,6 +712,44 @@ def test_fingerprint_sharded_and_large_file(tmp_path):
     assert Checkpoint(tmp_path / "big").fingerprint() != before
 
 
+@pytest.mark.parametrize("layout", ["sharded-bf16-tied", "bin", "fp32-single"])
+@pytest.mark.parametrize("threads", [1, 3])
+def test_walk_streamed_fingerprints_equal_the_hashed_ones(tmp_path, layout, threads):
+    """The pair walk hashes before/after from its own reads: the same fingerprint as hashing the files."""
+    if layout == "sharded-bf16-tied":
+        _tiny_llama(tie=True, dtype=torch.bfloat16).save_pretrained(tmp_path / "a", max_shard_size="5KB")
+        _tiny_llama(tie=True, dtype=torch.bfloat16, seed=1).save_pretrained(tmp_path / "b", max_shard_size="5KB")
+    else:
+        for label, seed in (("a", 0), ("b", 1)):
+            (tmp_path / label).mkdir()
+            if layout == "bin":
+                torch.save(_tensors(torch.float16, seed), tmp_path / label / "pytorch_model.bin")
+            else:
+                save_file(_tensors(torch.float32, seed), str(tmp_path / label / "model.safetensors"))
+    walk = PairWalk(Checkpoint(tmp_path / "a"), Checkpoint(tmp_path / "b"), block_elems=17, threads=threads)
+    walk.stream_fingerprints()
+    assert walk.streamed == ("before", "after")
+    walk.run()
+    assert walk.fingerprint("before") == Checkpoint(tmp_path / "a").fingerprint()
+    assert walk.fingerprint("after") == Checkpoint(tmp_path / "b").fingerprint()
+    assert walk.before.fingerprint() == walk.fingerprint("before")  # cached on the checkpoint
+
+
+def test_streamed_fingerprint_hashes_unseen_or_disordered_tensors_from_the_file(tmp_path):
+    from lacuna_metrics.pair_walk import StreamedFingerprint
+
+    save_file(_tensors(torch.bfloat16, seed=3), str(tmp_path / "model.safetensors"))
+    expected = Checkpoint(tmp_path).fingerprint()
+    ckpt = Checkpoint(tmp_path)
+    streamed = StreamedFingerprint(ckpt)
+    name = "model.layers.0.self_attn.q_proj.weight"  # 11 rows
+    streamed.update(name, 0, 4, ckpt.read_raw(name, 0, 4))
+    streamed.update(name, 8, 11, ckpt.read_raw(name, 8, 11))  # rows 4-8 skipped: this tensor is hashed again
+    other = "model.norm.weight"
+    streamed.update(other, 0, 13, ckpt.read_raw(other, 0, 13))
+    assert streamed.finish() == expected  # every other tensor was never fed
+
+
 # -- the pair walk (lacuna_metrics.pair_walk) -------------------------------------------------------
 
 

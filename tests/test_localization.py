@@ -846,6 +846,23 @@ def test_first_bad_block_in_file_order_is_reported(small_bench, tmp_path, thread
                    config=config)  # fmt: skip
 
 
+@pytest.mark.parametrize("threads", [1, 3])
+def test_score_names_the_pair_by_the_fingerprints_its_walk_hashed(small_bench, tmp_path, threads):
+    """Masks recording no model: both checkpoints are hashed from the scoring walk's own reads (small blocks on
+    several workers), and the manifest holds the same fingerprints as hashing the files."""
+    masks = _without_stray_bits(small_bench, tmp_path / "m.safetensors")
+    warnings: list[str] = []
+    config = LocalizationConfig(block_elems=7, threads=threads, scores=("raw",), composite=False)
+    result = score_pair(small_bench.paths["after"], before=small_bench.paths["before"], masks=masks, frag=False,
+                        progress=False, null=False, config=config, warn=warnings.append)  # fmt: skip
+    inputs = result["manifest"]["inputs"]
+    assert list(inputs) == ["before", "after"]
+    for label in inputs:
+        assert inputs[label]["fingerprint"] == Checkpoint(small_bench.paths[label]).fingerprint()
+    assert result["manifest"]["masks_model"]["status"] == "unverified"
+    assert len(warnings) == 1 and "records no model fingerprint" in warnings[0]
+
+
 def test_unknown_score_name(small_bench):
     with pytest.raises(ValueError, match="unknown scores.*bogus"):
         small_bench.run(LocalizationConfig(scores=("raw", "bogus")))
