@@ -78,7 +78,7 @@ class NullUpdate(Checkpoint):
     def fingerprint(self) -> str:
         return f"null:{self.kind}:seed={self.seed}:scale={self.scale}:{self._source.fingerprint()}"
 
-    def read(
+    def read_stored(
         self,
         name: str,
         start: int = 0,
@@ -86,14 +86,15 @@ class NullUpdate(Checkpoint):
         *,
         check_finite: bool = True,
         scratch: Scratch | None = None,
-    ) -> torch.Tensor:
-        """Rows ``[start, stop)`` of ``before`` plus the null update (a fresh float32 tensor; ``scratch`` unused:
-        the scorer reads ``before`` into it)."""
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Rows ``[start, stop)`` of ``before`` plus the null update, as float32 (stored as nothing else: the pair
+        is that tensor twice). A fresh tensor; ``scratch`` unused (the scorer reads ``before`` into it). Every read
+        of the scorer comes here (``Checkpoint.read`` too)."""
         values = self._source.read(name, start, stop, check_finite=check_finite).clone()
         stop = self.info(name).rows if stop is None else stop
         if values.numel():
             values += self.noise(name, start, stop).reshape(values.shape)
-        return values
+        return values, values
 
     def read_raw(
         self, name: str, start: int = 0, stop: int | None = None, *, scratch: Scratch | None = None

@@ -72,6 +72,27 @@ def test_null_update_is_reproducible_and_independent_of_blocks(tmp_path):
         NullUpdate(before, "uniform", seed=0, scale=1.0)
 
 
+def test_the_scorer_reads_the_null_update(tmp_path):
+    """The scorer's walk reads a NullUpdate through ``read_stored`` (as every checkpoint): it sees the update,
+    not ``before``'s own values."""
+    from lacuna_metrics.localization import Localization, LocalizationConfig
+    from lacuna_metrics.masks import MaskReader
+
+    root = _testbed(tmp_path / "tb", leaky=False)
+    before = Checkpoint(root / "model")
+    null = NullUpdate(before, "adam_sign", seed=0, scale=1e-3)
+    moved: list[float] = []
+
+    def seen(name: str, o: torch.Tensor, u: torch.Tensor) -> None:
+        moved.append(float((u - o).abs().max()))
+
+    config = LocalizationConfig(scores=("raw",), composite=False, threads=2)
+    Localization(before, null, MaskReader(root / "masks.safetensors"), config=config).run(on_pair=seen)
+    assert moved and min(moved) == pytest.approx(1e-3, rel=0.05)
+    stored, values = null.read_stored("model.norm.weight")
+    assert stored is values and torch.equal(values, null.read("model.norm.weight"))
+
+
 def test_audit_scores_every_family_and_target(tmp_path):
     audit = audit_testbed(_testbed(tmp_path / "tb", leaky=False), seed=1, composite_samples=5000)
     assert set(audit["trivial"]) == set(BASELINES)
