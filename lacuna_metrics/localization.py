@@ -281,10 +281,7 @@ class Localization:
 
         hooks = collect is not None or not universe
         self.walk.run_blocks(
-            blocks,
-            lambda blk: self._space.read(blk, universe, self.walk.scratch()),
-            work,
-            hooks=hooks,
+            blocks, lambda blk: self._space.read(blk, universe, self.walk.scratch()), work, hooks=hooks
         )
         return scoring
 

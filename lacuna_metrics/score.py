@@ -155,11 +155,14 @@ def score_pair(
     # hashed from the walk's own reads, except before's when the masks name their model: that check comes first.
     check_first = mask_reader is not None and mask_reader.model_fingerprint is not None
     walk.stream_fingerprints(("after",) if check_first else ("before", "after"))
-    early = {label: c for label, c in ckpts.items() if label not in walk.streamed}
-    inputs = {label: {"path": str(c.path.resolve()), "fingerprint": c.fingerprint()} for label, c in early.items()}
+    fingerprints = {label: c.fingerprint() for label, c in ckpts.items() if label not in walk.streamed}
+
+    def named(label: str) -> dict[str, str]:
+        return {"path": str(ckpts[label].path.resolve()), "fingerprint": fingerprints[label]}
+
     masks_model = None
     if mask_reader is not None and check_first:
-        masks_model = _masks_model(mask_reader, inputs["before"], allow_mask_mismatch, warn)
+        masks_model = _masks_model(mask_reader, named("before"), allow_mask_mismatch, warn)
 
     from lacuna_metrics.distance import DistanceAccumulator
 
@@ -216,9 +219,8 @@ def score_pair(
             loc = timings = None
             walk.run()
 
-    for label in walk.streamed:
-        inputs[label] = {"path": str(ckpts[label].path.resolve()), "fingerprint": walk.fingerprint(label)}
-    inputs = {label: inputs[label] for label in ckpts}  # in the inputs' order
+    fingerprints.update({label: walk.fingerprint(label) for label in walk.streamed})
+    inputs = {label: named(label) for label in ckpts}
     if mask_reader is not None and not check_first:
         masks_model = _masks_model(mask_reader, inputs["before"], allow_mask_mismatch, warn)
     null_section = None
