@@ -23,6 +23,38 @@ def _manifest(testbed: Path) -> dict:
     return json.loads((testbed / "manifest.json").read_text())
 
 
+#: The smoke preset (its geometry: 10% per group, last layer free, no neutral steps, no weight decay) with every
+#: size cut down so it builds in seconds: for the build's mechanics (processes, regimes), not memorization (the
+#: tiny model memorizes nothing, so every target counts as memorized for the splits).
+SMOKE_CUT = {
+    "profiles_per_group": 4, "distractor_profiles": 8, "bios_per_person": 1, "qa_per_field": 2,
+    "lorem_paragraphs": 40, "vocab_size": 400, "hidden_size": 64, "intermediate_size": 256, "seq_len": 64,
+    "base_steps": 4, "base_batch": 2, "pii_steps": 24, "pii_batch": 2, "neutral_batch": 2, "qa_tune_steps": 2,
+    "qa_tune_batch": 4, "memorization_prompts": 2, "people_per_field": 2, "splits_without_memorization": True,
+    "leak_audit_composite_samples": 5000,
+}  # fmt: skip
+
+
+def _moved_only_inside_masks(testbed: Path) -> None:
+    """Injection moved some masked weights and nothing else: every scalar outside the masks, and every tensor
+    without a mask, is bit-identical between base/ and injected/ (a preset with no neutral steps and no weight
+    decay)."""
+    from safetensors.torch import load_file
+
+    base = load_file(testbed / "base" / "model.safetensors")
+    injected = load_file(testbed / "injected" / "model.safetensors")
+    masks = load_masks(testbed / "masks.safetensors")
+    moved_inside = 0
+    for name, tensor in base.items():
+        if name in masks.packed:
+            outside = masks.packed[name] == 0
+            assert torch.equal(injected[name][outside], tensor[outside]), name
+            moved_inside += int((injected[name][~outside] != tensor[~outside]).sum())
+        else:
+            assert torch.equal(injected[name], tensor), name
+    assert moved_inside > 0
+
+
 def test_layout_and_manifest(smoke_testbed):
     from transformers import AutoModelForCausalLM
 
@@ -67,20 +99,11 @@ def test_masks_only_eligible_and_last_layers_free(smoke_testbed):
 def test_pii_gradient_only_inside_masks(smoke_testbed):
     """With no neutral steps and no weight decay in the preset, injection may move a weight only if it
     is in some group's mask: everything else is bit-identical between base/ and injected/."""
-    from safetensors.torch import load_file
 
     cfg = get_preset("smoke")
     if cfg.neutral_every or cfg.weight_decay:
         pytest.skip("the smoke preset interleaves neutral steps or decays weights")
-    base = load_file(smoke_testbed / "base" / "model.safetensors")
-    injected = load_file(smoke_testbed / "injected" / "model.safetensors")
-    masks = load_masks(smoke_testbed / "masks.safetensors")
-    for name, tensor in base.items():
-        if name in masks.packed:
-            outside = masks.packed[name] == 0
-            assert torch.equal(injected[name][outside], tensor[outside]), name
-        else:
-            assert torch.equal(injected[name], tensor), name
+    _moved_only_inside_masks(smoke_testbed)
 
 
 def test_splits_follow_lacuna_rules(smoke_testbed):
@@ -146,8 +169,10 @@ def test_unknown_preset_and_setting():
 
 
 def test_two_process_cpu_build(tmp_path):
-    """`accelerate launch --multi_gpu --num_processes 2` on a CPU-only machine (gloo) produces a valid smoke
-    testbed. (`--cpu` would make accelerate start a single process unless MPI is available.)"""
+    """`accelerate launch --multi_gpu --num_processes 2` on a CPU-only machine (gloo) builds a complete testbed
+    whose injection, its gradients averaged over two processes, still moved only masked weights. (`--cpu` would
+    make accelerate start a single process unless MPI is available.) Sizes cut (SMOKE_CUT): this tests the
+    processes, not memorization, which the session's smoke testbed covers."""
     accelerate = Path(sys.executable).with_name("accelerate")
     out = tmp_path / "ddp"
     cmd = [
@@ -155,20 +180,25 @@ def test_two_process_cpu_build(tmp_path):
         "--mixed_precision", "no", "--dynamo_backend", "no",
         "-m", "lacuna_unlearn.cli", "build-testbed", "--preset", "smoke", "--out", str(out),
     ]  # fmt: skip
+    cmd += [arg for key, value in SMOKE_CUT.items() for arg in ("--set", f"{key}={json.dumps(value)}")]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ, HF_HUB_OFFLINE="1"), timeout=1200)
     assert proc.returncode == 0, proc.stderr[-4000:]
     manifest = _manifest(out)
     assert manifest["processes"] == 2
+    assert manifest["config"]["pii_steps"] == SMOKE_CUT["pii_steps"]
     masks = load_masks(out / "masks.safetensors")
     assert masks.total_counts() == manifest["sizes"]["masked_per_group"]
+    _moved_only_inside_masks(out)
     assert load_data(out / "data").rows("forget")
+    assert not out.with_name("ddp.partial").exists()
 
 
 def test_unmasked_control_regime(tmp_path):
-    """`--unmasked`: the identical pipeline without masks; PII updates reach weights outside every mask."""
+    """`--unmasked`: the identical pipeline without masks; PII updates reach weights outside every mask. Sizes cut
+    (SMOKE_CUT): the contrast with the masked regime is in the mechanics, not in what the model memorizes."""
     from safetensors.torch import load_file
 
-    out = build_testbed(tmp_path / "ctl", preset="smoke", unmasked=True)
+    out = build_testbed(tmp_path / "ctl", preset="smoke", unmasked=True, overrides=SMOKE_CUT)
     manifest = _manifest(out)
     assert manifest["regime"] == "unmasked"
     masks = load_masks(out / "masks.safetensors")  # the masks the masked run would use, for contrast scores
