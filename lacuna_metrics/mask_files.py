@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterable, Mapping
+import threading
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -41,6 +42,7 @@ __all__ = [
     "FORMAT_VERSION",
     "MODEL_KEY",
     "MaskReader",
+    "Verification",
     "load_masks",
     "save_masks",
     "stamp_masks",
@@ -417,6 +419,13 @@ class MaskReader:
         _hash_range(self.path, done, self.path.stat().st_size - done, digest)
         return "sha256:" + digest.hexdigest()
 
+    def verify_in_background(self) -> Verification:
+        """:meth:`verify` on a thread of its own, started now: the scorer's walk runs meanwhile (reading and
+        hashing the whole file costs seconds of a large model's mask, serial if done first), checks
+        :meth:`Verification.check` before each block, so a stray bit still stops it early, and takes the
+        fingerprint from :meth:`Verification.result` once the walk is done."""
+        return Verification(self.verify)
+
     def check_model(self, names: Iterable[str], shape_of: Any, source: str) -> None:
         """Before any scalar is read: every masked attention/MLP tensor exists in the model ``source`` (tensor
         ``names``, ``shape_of(name)`` its shape) with the mask's shape, and at least one does."""
@@ -468,3 +477,35 @@ class MaskReader:
             raise MaskError(
                 f"{self.path}: mask for {name!r} has shape {_shape_str(mask_shape)} but {source} has {_shape_str(shape)}"
             )
+
+
+class Verification:
+    """A :meth:`MaskReader.verify` running on a daemon thread (an error elsewhere need not wait for it)."""
+
+    def __init__(self, verify: Callable[[], str]) -> None:
+        self._done = threading.Event()
+        self._fingerprint: str | None = None
+        self._error: BaseException | None = None
+
+        def run() -> None:
+            try:
+                self._fingerprint = verify()
+            except BaseException as exc:  # noqa: BLE001 - re-raised in the caller's thread
+                self._error = exc
+            finally:
+                self._done.set()
+
+        threading.Thread(target=run, name="lacuna-mask-verify", daemon=True).start()
+
+    def check(self) -> None:
+        """Raise the verification's error if it has already failed (never waits)."""
+        if self._done.is_set() and self._error is not None:
+            raise self._error
+
+    def result(self) -> str:
+        """Wait for the verification: the mask file's fingerprint, or its error raised."""
+        self._done.wait()
+        if self._error is not None:
+            raise self._error
+        assert self._fingerprint is not None
+        return self._fingerprint

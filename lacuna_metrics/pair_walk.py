@@ -150,6 +150,7 @@ class PairWalk:
         self.before, self.after, self.block_elems, self.threads = before, after, block_elems, threads
         self.hooks: list[PairHook] = []
         self.progress: list[Callable[[int], None]] = []
+        self.guards: list[Callable[[], None]] = []
         self.pool: ThreadPoolExecutor | None = None  # set inside session()
         self._seq = 0  # blocks planned so far: the turnstile's order
         self._abort = False  # set when a block failed: the blocks still in flight skip their work
@@ -182,6 +183,11 @@ class PairWalk:
     def add_hook(self, hook: PairHook) -> None:
         """Call ``hook(name, before_block, after_block)`` for every block of the walk, in file order."""
         self.hooks.append(hook)
+
+    def add_guard(self, check: Callable[[], None]) -> None:
+        """Call ``check()`` before every block's read: an error it raises fails the block, and so stops the walk,
+        as a read error would (e.g. a check running beside the walk, :meth:`MaskReader.verify_in_background`)."""
+        self.guards.append(check)
 
     def add_progress(self, update: Callable[[int], None]) -> None:
         """Call ``update(scalars)`` after every block's hooks."""
@@ -286,6 +292,8 @@ class PairWalk:
         b: Blocks | None = None
         try:
             if not self._abort:
+                for check in self.guards:
+                    check()
                 b = read(blk)
         finally:
             # every turnstile is always taken, so later blocks never wait for a failed one; each checkpoint's

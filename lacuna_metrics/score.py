@@ -22,6 +22,7 @@ import torch
 from lacuna_metrics.checkpoints import Checkpoint, check_compatible
 from lacuna_metrics.localization import Localization, LocalizationConfig
 from lacuna_metrics.manifest import build_manifest
+from lacuna_metrics.mask_files import Verification
 from lacuna_metrics.masks import MaskError, MaskReader
 from lacuna_metrics.pair_walk import PairHook, PairWalk
 from lacuna_metrics.results import SCHEMAS
@@ -143,14 +144,17 @@ def score_pair(
             forget_source, retain_source, forget_fields, retain_fields, texts, calib_samples
         )
     mask_reader: MaskReader | None = None
-    masks_id: dict[str, str] | None = None
-    if masks is not None:  # the mask file's header, its names and shapes, then every bit: before any hashing
+    verification: Verification | None = None
+    if masks is not None:  # the mask file's header, its names and shapes: before any hashing
         mask_reader = MaskReader(masks)
         mask_reader.check_model(ckpts["before"].names, ckpts["before"].shape, str(ckpts["before"].path))
-        masks_id = {"path": str(Path(masks).resolve()), "fingerprint": mask_reader.verify()}
+        # every bit and the file's fingerprint: beside the hashing and the walk, which stops at a stray bit
+        verification = mask_reader.verify_in_background()
     config = config or LocalizationConfig()
     # the one walk over the pair: distances, FRAG and localization consume each block as it is read
     walk = PairWalk(ckpts["before"], ckpts["after"], block_elems=config.block_elems, threads=config.threads)
+    if verification is not None:
+        walk.add_guard(verification.check)
     # Name what is scored: resolved path and content fingerprint of every input. The pair's fingerprints are
     # hashed from the walk's own reads, except before's when the masks name their model: that check comes first.
     check_first = mask_reader is not None and mask_reader.model_fingerprint is not None
@@ -221,6 +225,9 @@ def score_pair(
 
     fingerprints.update({label: walk.fingerprint(label) for label in walk.streamed})
     inputs = {label: named(label) for label in ckpts}
+    masks_id = None
+    if verification is not None:
+        masks_id = {"path": str(Path(masks).resolve()), "fingerprint": verification.result()}
     if mask_reader is not None and not check_first:
         masks_model = _masks_model(mask_reader, inputs["before"], allow_mask_mismatch, warn)
     null_section = None

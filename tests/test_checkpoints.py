@@ -796,6 +796,30 @@ def test_walk_raises_the_first_failed_block_in_file_order(tmp_path, threads):
     assert len(seen) >= 2  # the blocks before the failure reached the hooks, in order
 
 
+@pytest.mark.parametrize("threads", [1, 3])
+def test_walk_guard_error_stops_the_walk_before_the_next_read(tmp_path, threads):
+    """A guard (a check running beside the walk, e.g. the mask file's verification) that fails stops the walk: no
+    block is read after the failure is seen, and its error is raised."""
+    ckb, cka, _before, _after = _walk_pair_files(tmp_path)
+    walk = PairWalk(ckb, cka, block_elems=1, threads=threads)
+    failed, reads = threading.Event(), []
+    walk.add_hook(lambda name, o, u: failed.set() if len(reads) >= 5 else None)
+
+    def guard():
+        if failed.is_set():
+            raise ValueError("stray bit seen by the verification")
+
+    walk.add_guard(guard)
+
+    def read(blk):
+        reads.append(blk.seq)
+        return walk.read_pair(blk)
+
+    with walk.session(), pytest.raises(ValueError, match="stray bit"):
+        walk.run_blocks(walk.plan(ckb.names), read, None, hooks=True)
+    assert len(reads) < 5 + threads + 2 < len(walk.plan(ckb.names))  # stopped, not read to the end
+
+
 def test_walk_hook_exception_does_not_hang(tmp_path):
     ckb, cka, _before, _after = _walk_pair_files(tmp_path)
     walk = PairWalk(ckb, cka, block_elems=1, threads=3)

@@ -808,6 +808,25 @@ def test_reader_verify_refuses_bits_beyond_num_groups(tmp_path, value, bit):
         MaskReader(tmp_path / "mask.pt").verify()
 
 
+def test_verification_in_background_gives_the_fingerprint_or_the_error(tmp_path):
+    """verify_in_background: the same fingerprint as verify(); a stray bit's error from check() once it has failed
+    (check never waits) and from result()."""
+    from lacuna_metrics.checkpoints import file_fingerprint
+
+    good = save_masks(_small_masks(), tmp_path / "good.safetensors")
+    verification = MaskReader(good).verify_in_background()
+    assert verification.result() == file_fingerprint(good)
+    verification.check()  # done and passed: nothing to raise
+    masks = _small_masks()
+    masks.packed["model.layers.0.mlp.up_proj.weight"].view(-1)[5] = 1 << 7
+    bad = save_masks(masks, tmp_path / "bad.safetensors")
+    verification = MaskReader(bad).verify_in_background()
+    with pytest.raises(MaskError, match="sets bit 7"):
+        verification.result()
+    with pytest.raises(MaskError, match="sets bit 7"):
+        verification.check()
+
+
 def test_reader_refuses_overlapping_groups(tmp_path):
     path = save_masks(_small_masks(), tmp_path / "m.safetensors")
     with pytest.raises(MaskError, match="overlap"):
