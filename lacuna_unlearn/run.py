@@ -38,7 +38,7 @@ from lacuna_unlearn.run_config import (  # noqa: F401  (re-exported: the pipelin
     validate_run_config,
 )
 from lacuna_unlearn.run_method import method_entry, positive_control
-from lacuna_unlearn.run_stages import Stages, locked, testbed_fingerprint
+from lacuna_unlearn.run_stages import Stages, locked, testbed_fingerprint, testbed_preset
 
 __all__ = ["DEFAULT_RUN", "RUN_SCHEMA", "SEED_METRICS", "across_seeds", "load_run_config", "run_benchmark"]
 
@@ -130,7 +130,8 @@ def _run_locked(out: Path, cfg: dict[str, Any], log: Callable[[str], None]) -> d
     data = testbed / "data"
     before = testbed / "model"
 
-    results: dict[str, Any] = {"schema": RUN_SCHEMA, "preset": cfg["preset"], "testbed": str(testbed)}
+    # the testbed's own preset: a given testbed need not be the one the config's `preset` would build
+    results: dict[str, Any] = {"schema": RUN_SCHEMA, "preset": testbed_preset(testbed), "testbed": str(testbed)}
     by_field: dict[str, Any] = {}
     for field in cfg["fields"]:
         suffixes = cfg["eval"].get("tasks")

@@ -20,7 +20,7 @@ from typing import Any
 
 from lacuna_unlearn.publish import building
 
-__all__ = ["Stages", "locked", "stage_key", "testbed_fingerprint"]
+__all__ = ["Stages", "locked", "stage_key", "testbed_fingerprint", "testbed_preset"]
 
 logger = logging.getLogger(__name__)
 
@@ -89,6 +89,17 @@ class Stages:
         self.timings[label] = round(time.time() - started, 1)
         self.log(f"{label}: done in {self.timings[label]:.0f} s")
         return final
+
+
+def testbed_preset(testbed: Path) -> str | None:
+    """The preset a testbed was built from, as its ``manifest.json`` records it (None: it records none). A run
+    given ``testbed:`` reports this, not its config's ``preset``, which names only what it builds without one."""
+    manifest = testbed / "manifest.json"
+    try:
+        preset = json.loads(manifest.read_text()).get("preset")
+    except (OSError, ValueError, AttributeError) as exc:
+        raise ValueError(f"{manifest}: not a readable testbed manifest ({exc})") from exc
+    return preset if isinstance(preset, str) else None
 
 
 def testbed_fingerprint(testbed: Path) -> str:

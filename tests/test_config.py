@@ -159,9 +159,24 @@ def test_demo_is_an_evaluation_only_run(smoke_testbed, tmp_path):
     assert "[phone] evaluate before: running" in first.stderr and "before unlearning" in first.stdout
     results = json.loads((out / "results.json").read_text())
     assert results["methods"] == {} and results["field"] == "phone"
+    assert results["preset"] == "smoke"  # the given testbed's preset, not the config's default (mini)
+    assert (out / "report.md").read_text().startswith("# lacuna run: smoke testbed")
     assert results["manifest"]["config"]["attack"]["enabled"] is False
     assert results["baseline"]["behaviour"]["forget_leak"] is not None
     quiet = subprocess.run([*argv, "-q"], capture_output=True, text=True, timeout=900)
     assert quiet.returncode == 0 and "cached" not in quiet.stderr and "before unlearning" in quiet.stdout
     verbose = subprocess.run([*argv, "-v"], capture_output=True, text=True, timeout=900)
     assert verbose.returncode == 0 and "[phone] evaluate before: cached" in verbose.stderr
+
+
+def test_testbed_preset_is_read_from_the_testbed_manifest(tmp_path):
+    """What results.json's ``preset`` reports for a given testbed; a malformed manifest is named in the error."""
+    from lacuna_unlearn.run_stages import testbed_preset
+
+    (tmp_path / "manifest.json").write_text(json.dumps({"kind": "lacuna-bench-testbed", "preset": "lacuna"}))
+    assert testbed_preset(tmp_path) == "lacuna"
+    (tmp_path / "manifest.json").write_text(json.dumps({"kind": "lacuna-bench-testbed"}))
+    assert testbed_preset(tmp_path) is None
+    (tmp_path / "manifest.json").write_text("{not json")
+    with pytest.raises(ValueError, match=r"manifest\.json: not a readable testbed manifest"):
+        testbed_preset(tmp_path)
