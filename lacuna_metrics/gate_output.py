@@ -89,8 +89,13 @@ def verdicts_json(
         n = v.number
         return n if n is not None and math.isfinite(n) else None
 
+    from lacuna_metrics.checkpoints import file_fingerprint
+    from lacuna_metrics.manifest import build_manifest
+
     return {
         "schema": schema_stamp("gate"),
+        # which bytes were judged: every input file's fingerprint, with the versions and hardware of the run
+        "manifest": build_manifest(input_fingerprints={p: file_fingerprint(p) for p in sources if Path(p).is_file()}),
         "passed": code == 0,
         "exit_code": code,
         "allow_missing": allow_missing,

@@ -143,6 +143,11 @@ def test_two_methods_one_fails(tmp_path, capsys):
     }
     assert report["passed"] is False and report["exit_code"] == 1
     assert report["counts"] == {"pass": 2, "fail": 2, "missing": 0}
+    from lacuna_metrics.checkpoints import file_fingerprint
+
+    manifest = report["manifest"]  # what every artifact records: the judged bytes, versions, hardware
+    assert manifest["input_fingerprints"] == {str(path): file_fingerprint(path)}
+    assert "lacuna-bench" in manifest["versions"] and manifest["hardware"]["cpu_count"] >= 1
 
 
 def test_directory_of_a_run_uses_its_results_json(tmp_path):
