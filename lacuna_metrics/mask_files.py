@@ -15,6 +15,7 @@ import json
 import os
 import threading
 from collections.abc import Callable, Iterable, Mapping
+from concurrent.futures import Future
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -483,29 +484,21 @@ class Verification:
     """A :meth:`MaskReader.verify` running on a daemon thread (an error elsewhere need not wait for it)."""
 
     def __init__(self, verify: Callable[[], str]) -> None:
-        self._done = threading.Event()
-        self._fingerprint: str | None = None
-        self._error: BaseException | None = None
+        self._future: Future[str] = Future()
 
         def run() -> None:
             try:
-                self._fingerprint = verify()
+                self._future.set_result(verify())
             except BaseException as exc:  # noqa: BLE001 - re-raised in the caller's thread
-                self._error = exc
-            finally:
-                self._done.set()
+                self._future.set_exception(exc)
 
         threading.Thread(target=run, name="lacuna-mask-verify", daemon=True).start()
 
     def check(self) -> None:
         """Raise the verification's error if it has already failed (never waits)."""
-        if self._done.is_set() and self._error is not None:
-            raise self._error
+        if self._future.done() and (exc := self._future.exception()) is not None:
+            raise exc
 
     def result(self) -> str:
         """Wait for the verification: the mask file's fingerprint, or its error raised."""
-        self._done.wait()
-        if self._error is not None:
-            raise self._error
-        assert self._fingerprint is not None
-        return self._fingerprint
+        return self._future.result()

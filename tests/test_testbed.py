@@ -23,16 +23,19 @@ def _manifest(testbed: Path) -> dict:
     return json.loads((testbed / "manifest.json").read_text())
 
 
-#: The smoke preset (its geometry: 10% per group, last layer free, no neutral steps, no weight decay) with every
-#: size cut down so it builds in seconds: for the build's mechanics (processes, regimes), not memorization (the
-#: tiny model memorizes nothing, so every target counts as memorized for the splits).
-SMOKE_CUT = {
+#: The sizes every cut-down build of these tests shares (seconds on CPU; pipeline only: the tiny model memorizes
+#: nothing, so every target counts as memorized for the splits). Each cut adds what its preset needs.
+TINY_BUILD = {
     "profiles_per_group": 4, "distractor_profiles": 8, "bios_per_person": 1, "qa_per_field": 2,
-    "lorem_paragraphs": 40, "vocab_size": 400, "hidden_size": 64, "intermediate_size": 256, "seq_len": 64,
-    "base_steps": 4, "base_batch": 2, "pii_steps": 24, "pii_batch": 2, "neutral_batch": 2, "qa_tune_steps": 2,
-    "qa_tune_batch": 4, "memorization_prompts": 2, "people_per_field": 2, "splits_without_memorization": True,
-    "leak_audit_composite_samples": 5000,
+    "lorem_paragraphs": 40, "vocab_size": 400, "hidden_size": 64, "seq_len": 64, "base_steps": 4, "base_batch": 2,
+    "pii_batch": 2, "neutral_batch": 2, "qa_tune_steps": 2, "qa_tune_batch": 4, "memorization_prompts": 2,
+    "splits_without_memorization": True, "leak_audit_composite_samples": 5000,
 }  # fmt: skip
+
+
+#: The smoke preset (its geometry: 10% per group, last layer free, no neutral steps, no weight decay) cut down to
+#: TINY_BUILD: for the build's mechanics (processes, regimes), not memorization.
+SMOKE_CUT = {**TINY_BUILD, "intermediate_size": 256, "pii_steps": 24, "people_per_field": 2}
 
 
 def _moved_only_inside_masks(testbed: Path) -> None:
@@ -99,7 +102,6 @@ def test_masks_only_eligible_and_last_layers_free(smoke_testbed):
 def test_pii_gradient_only_inside_masks(smoke_testbed):
     """With no neutral steps and no weight decay in the preset, injection may move a weight only if it
     is in some group's mask: everything else is bit-identical between base/ and injected/."""
-
     cfg = get_preset("smoke")
     if cfg.neutral_every or cfg.weight_decay:
         pytest.skip("the smoke preset interleaves neutral steps or decays weights")
@@ -317,15 +319,11 @@ def test_bad_settings_are_refused_before_any_work(tmp_path, capsys, settings, me
     assert not out.exists() and not out.with_name("tb.partial").exists()
 
 
-#: The standard preset with every size cut down so it builds on CPU in well under a minute (pipeline only: the
-#: tiny model memorizes nothing, so every target counts as memorized for the splits).
+#: The standard preset cut down to TINY_BUILD (well under a minute on CPU), keeping its geometry.
 STANDARD_CUT = {
-    "profiles_per_group": 4, "distractor_profiles": 8, "bios_per_person": 1, "qa_per_field": 2,
-    "varied_qa_per_field": 2, "lorem_paragraphs": 40, "vocab_size": 400, "hidden_size": 64, "num_layers": 4,
-    "num_heads": 4, "intermediate_size": 128, "seq_len": 64, "base_steps": 4, "base_batch": 2, "pii_steps": 16,
-    "pii_batch": 2, "neutral_batch": 2, "grad_accum": 2, "qa_tune_steps": 2, "qa_tune_batch": 4,
-    "memorization_prompts": 2, "people_per_field": 4, "retain_eval_people": 1, "validation_people": 1,
-    "robustness_people": 1, "splits_without_memorization": True, "leak_audit_composite_samples": 5000,
+    **TINY_BUILD, "varied_qa_per_field": 2, "num_layers": 4, "num_heads": 4, "intermediate_size": 128,
+    "pii_steps": 16, "grad_accum": 2, "people_per_field": 4, "retain_eval_people": 1, "validation_people": 1,
+    "robustness_people": 1,
 }  # fmt: skip
 
 
