@@ -98,6 +98,7 @@ def activation_stats(
     tokenizer_dir: str | os.PathLike[str] | None = None,
     calib_fields: Sequence[str] | None = None,
     calib_retain_fields: Sequence[str] | None = None,
+    checkpoint: Checkpoint | None = None,
 ) -> ActivationStats:
     """x^f and x^r of the ORIGINAL model in ``model_dir`` (docs/definitions.md#frag-activation-statistics), cached in
     ``cache_dir`` if given.
@@ -112,7 +113,9 @@ def activation_stats(
     ``max_length``, ``dtype`` and :data:`FORMAT_VERSION`, and the fields the texts were selected by
     (``calib_fields`` for the forget texts, ``calib_retain_fields`` for the retain texts; provenance of the texts,
     see :func:`calibration_texts`; None = every field, the key of earlier versions). A hit does not load the model.
-    The model is loaded from local files only, without remote code, and freed before returning.
+    The model is loaded from local files only, without remote code, and freed before returning. ``checkpoint``: the
+    caller's open :class:`Checkpoint` of ``model_dir``, whose fingerprint is hashed once and cached on it (``lacuna
+    score`` passes ``--before``'s, so the weights are not hashed a second time for the cache key).
     """
     model_path = Path(model_dir)
     if not model_path.is_dir():
@@ -124,7 +127,10 @@ def activation_stats(
     if not retain_texts:
         raise ValueError(f"activation_stats({model_path}): no retain calibration texts")
     check_target(target)
-    checkpoint = Checkpoint(model_path)
+    if checkpoint is None:
+        checkpoint = Checkpoint(model_path)
+    elif checkpoint.path.resolve() != model_path.resolve():
+        raise ValueError(f"activation_stats({model_path}): the checkpoint given is {checkpoint.path}, another model")
     disk = _preflight(checkpoint, str(model_path), target)
     fields = {"forget": calibration_fields(calib_fields), "retain": calibration_fields(calib_retain_fields)}
     fingerprint = _fingerprint(

@@ -156,9 +156,10 @@ def score_pair(
     if verification is not None:
         walk.add_guard(verification.check)
     # Name what is scored: resolved path and content fingerprint of every input. The pair's fingerprints are
-    # hashed from the walk's own reads, except before's when the masks name their model: that check comes first.
+    # hashed from the walk's own reads, except before's when it is needed first: the masks name their model (that
+    # check comes before any scoring) or FRAG keys its activation cache by it (activation_stats reuses the hash).
     check_first = mask_reader is not None and mask_reader.model_fingerprint is not None
-    walk.stream_fingerprints(("after",) if check_first else ("before", "after"))
+    walk.stream_fingerprints(("after",) if check_first or will_frag else ("before", "after"))
     fingerprints = {label: c.fingerprint() for label, c in ckpts.items() if label not in walk.streamed}
 
     def named(label: str) -> dict[str, str]:
@@ -186,6 +187,7 @@ def score_pair(
             dtype=getattr(torch, activation_dtype),
             calib_fields=forget_fields,
             calib_retain_fields=retain_fields,
+            checkpoint=ckpts["before"],
         )
         coverage_kw = {} if frag_min_coverage is None else {"min_coverage": frag_min_coverage}
         frag_acc = FragAccumulator(

@@ -667,6 +667,44 @@ def test_score_pair_calibrates_frag_on_the_given_fields(tiny, tmp_path):
         score_pair(tmp_path / "after", **{**kw, "calib_forget": only_email}, calib_fields=["phone"])
 
 
+def test_score_pair_with_frag_hashes_before_once(tiny, tmp_path, monkeypatch):
+    """FRAG keys its activation cache by ``--before``'s fingerprint before the walk: the score hashes those weights
+    once and hands its checkpoint to activation_stats (whose cache key is unchanged), instead of hashing twice."""
+    from lacuna_metrics import checkpoints
+    from lacuna_metrics.score import score_pair
+
+    lac, _, _, forget, retain = tiny
+    before = Checkpoint(lac.model_dir)
+    torch.manual_seed(0)
+    state = {n: before.read(n) + 0.01 * torch.randn_like(before.read(n)) for n in before.names}
+    _save(tmp_path / "after", state, before.config())
+    want = before.fingerprint()
+    hashed: list[Path] = []
+    content_fingerprint = checkpoints._content_fingerprint
+
+    def counting(ckpt: Checkpoint) -> str:
+        hashed.append(ckpt.path.resolve())
+        return content_fingerprint(ckpt)
+
+    monkeypatch.setattr(checkpoints, "_content_fingerprint", counting)
+    calib = {"calib_forget": lac.data_dir, "calib_retain": lac.data_dir, "calib_samples": 4, "calib_max_length": 32}
+    result = score_pair(
+        tmp_path / "after",
+        before=lac.model_dir,
+        localize=False,
+        activation_dtype="float32",
+        cache_dir=tmp_path / "cache",
+        progress=False,
+        **calib,
+    )
+    assert hashed.count(Path(lac.model_dir).resolve()) == 1
+    assert result["manifest"]["inputs"]["before"]["fingerprint"] == want
+    given = activation_stats(lac.model_dir, forget, retain, max_length=32, checkpoint=before)
+    assert given.fingerprint == activation_stats(lac.model_dir, forget, retain, max_length=32).fingerprint
+    with pytest.raises(ValueError, match="the checkpoint given is .*after, another model"):
+        activation_stats(lac.model_dir, forget, retain, checkpoint=Checkpoint(tmp_path / "after"))
+
+
 def test_score_cli_calib_fields(tiny, tmp_path, capsys, monkeypatch):
     from lacuna_unlearn.cli import main
 
