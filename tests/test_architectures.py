@@ -8,6 +8,7 @@ to a few minutes on two cores. See docs/anatomy.md.
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 import re
@@ -270,6 +271,82 @@ def test_unlearn_restricted_to_the_forget_mask(world, arch):
         else:
             assert torch.equal(a, b), name
     assert moved > 0
+
+
+#: Architectures whose MLPs are only fused 3-D expert tensors: Selective Pruning has no neuron to remove there.
+NO_PRUNABLE_MLP = {"mixtral"}
+
+
+def test_selective_pruning_removes_exactly_the_chosen_neurons(arch):
+    """SP finds every MLP through the anatomy, on every layout (Linear, GPT-2 Conv1D, Phi-3's fused gate_up, OPT's
+    bare fc1/fc2, biases): the pruned model computes what the original computes with the chosen neurons' values
+    zeroed at the output projection's input (an independent reference: a hook, no weight layout involved), and in
+    ``neuron`` mode those values are already zero (the producing channels and biases are zeroed too)."""
+    from lacuna_unlearn.methods.selective_pruning import SPConfig, apply_selective_pruning, mlp_neurons
+
+    if arch.name in NO_PRUNABLE_MLP:
+        with pytest.raises(ValueError, match="found no MLP output projection"):
+            mlp_neurons(arch.model)
+        return
+    gen = torch.Generator().manual_seed(1)
+    original = copy.deepcopy(arch.model)
+    with torch.no_grad():  # a fresh model's biases are zero: give them values, so zeroing them is checked
+        for name, param in original.named_parameters():
+            if name.endswith(".bias"):
+                param.copy_(torch.randn(param.shape, generator=gen))
+    mlps = mlp_neurons(original)
+    assert len(mlps) == LAYERS  # one per block (Qwen2-MoE: its shared expert; the routed experts are fused)
+    x_forget = {n: torch.rand(m["d_mlp"], generator=gen) for n, m in mlps.items()}
+    x_retain = {n: torch.ones(m["d_mlp"]) for n, m in mlps.items()}
+    ids = torch.randint(3, VOCAB, (2, 12), generator=gen)
+    for mode in ("neuron", "down"):
+        pruned = copy.deepcopy(original)
+        stats = apply_selective_pruning(pruned, x_forget, x_retain, SPConfig(frac=0.25, mode=mode))
+        chosen = {n: torch.tensor(v, dtype=torch.long) for n, v in stats["neurons"].items()}
+        assert stats["pruned_total"] == sum(map(len, chosen.values())) > 0
+        inputs: dict[str, torch.Tensor] = {}
+        want = _logits_with_mlp_inputs(original, ids, mlps, chosen, zero=True)
+        got = _logits_with_mlp_inputs(pruned, ids, mlps, chosen, zero=False, seen=inputs)
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6, msg=f"{arch.name} mode={mode}")
+        if mode == "neuron":
+            assert all(torch.count_nonzero(v) == 0 for v in inputs.values()), arch.name
+        after = dict(pruned.named_parameters())
+        changed = {n for n, v in original.named_parameters() if not torch.equal(v, after[n])}
+        assert changed and changed <= set(stats["zeroed"]), arch.name
+        assert (len(set(stats["zeroed"])) > len(chosen)) == (mode == "neuron")
+
+
+def _logits_with_mlp_inputs(
+    model: torch.nn.Module,
+    ids: torch.Tensor,
+    mlps: dict[str, Any],
+    chosen: dict[str, torch.Tensor],
+    *,
+    zero: bool,
+    seen: dict[str, torch.Tensor] | None = None,
+) -> torch.Tensor:
+    """``model``'s logits with a pre-hook on every MLP output projection that zeroes the ``chosen`` input channels
+    (``zero``) or records their values into ``seen``."""
+
+    def hook(name: str):
+        def pre_hook(_module, args):
+            if seen is not None:
+                seen[name] = args[0][..., chosen[name]].detach().clone()
+            if zero:
+                x = args[0].clone()
+                x[..., chosen[name]] = 0.0
+                return (x,)
+            return None
+
+        return pre_hook
+
+    handles = [model.get_submodule(m["down"].name).register_forward_pre_hook(hook(n)) for n, m in mlps.items()]
+    try:
+        with torch.no_grad():
+            return model(ids).logits
+    finally:
+        for handle in handles:
+            handle.remove()
 
 
 def test_task_pack_runs(world, arch):

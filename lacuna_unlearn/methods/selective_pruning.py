@@ -6,7 +6,7 @@ For every MLP hidden neuron j (an input channel of the down projection) of every
 1. importance on forget text I^f_j and on retain text I^r_j, measured on the ORIGINAL model;
 2. score s_j = I^f_j / (I^r_j + eps);
 3. the top ``frac`` of neurons by s are removed: the down projection's column j is zeroed and, in the default
-   ``mode="neuron"``, also row j of ``gate_proj`` / ``up_proj`` (and their bias entries, if any).
+   ``mode="neuron"``, also output channel j of ``gate_proj`` / ``up_proj`` (or ``fc_in``), with its bias entry.
 
 Sources, read for understanding: ``nickypro/taker`` (``scoring.py`` ``score_indices_by_abs``: cripple / (focus +
 eps) on the mean |activation| of the MLP's pre-output, i.e. the down projection's input; ``activations.py``
@@ -32,8 +32,12 @@ Choices (INFERRED / deviations; every one is a configurable default):
 * ``mode = "neuron"`` (FRAG's baseline: gate/up rows and down column zeroed -- a dead neuron that gradient
   fine-tuning cannot revive, since every gradient through it is zero); ``mode = "down"`` zeroes only the down
   column (taker's output mask; the neuron's contribution is equally gone, but relearnable).
-* Architectures: MLPs with a ``down_proj`` ``nn.Linear`` (Llama, OLMo, Mistral, Qwen, ...); the sibling
-  ``gate_proj`` / ``up_proj`` of the same MLP are zeroed when present. Others raise a ValueError.
+* Architectures: every MLP the model anatomy (:mod:`lacuna_metrics.anatomy`, docs/anatomy.md) finds with an
+  ``nn.Linear`` or ``Conv1D`` output projection (role ``down`` / ``fc_out``: Llama's ``down_proj``, GPT-2's
+  ``c_proj``, GPT-NeoX / Falcon / BLOOM's ``dense_4h_to_h``, OPT's ``fc2``); the projections of the same MLP that
+  produce its neurons (``gate`` / ``up`` / ``fc_in``, Phi-3's fused ``gate_up`` as two halves) are zeroed with
+  their bias entries. Fused 3-D expert tensors (Mixtral in transformers 5) are not pruned; a model with no such
+  MLP raises a ValueError.
 * ``restrict=`` and LoRA do not apply (no training; ``lacuna_unlearn.train._run_editor`` refuses them).
 """
 
@@ -48,7 +52,8 @@ from typing import Any
 
 import torch
 
-from lacuna_metrics.activations import linear_weight_names, transposed_weight_names
+from lacuna_metrics.anatomy import Weight, is_linear_module
+from lacuna_metrics.frag_targets import frag_weights
 from lacuna_unlearn.methods.frp import _is_real, prune_from_activations, run_on_qa_rows
 from lacuna_unlearn.methods.settings import SP_EPS, SPSettings
 from lacuna_unlearn.methods.wagle import top_fraction_masks
@@ -57,6 +62,7 @@ __all__ = [
     "EPS",
     "MODES",
     "SCOPES",
+    "Projection",
     "SPConfig",
     "apply_selective_pruning",
     "mlp_neurons",
@@ -141,32 +147,76 @@ def sp_prune_masks(
 # -- models ----------------------------------------------------------------------------------------------------
 
 
+#: Roles (lacuna_metrics.anatomy, docs/anatomy.md) of an MLP's output projection, whose input channels are the
+#: MLP's hidden neurons: Llama's ``down_proj``, GPT-2's ``c_proj``, GPT-NeoX's ``dense_4h_to_h``, OPT's ``fc2`` ...
+OUTPUT_ROLES: tuple[str, ...] = ("down", "fc_out")
+#: Roles whose output channels are those neurons (one channel each), and the fused ``gate_up`` (Phi-3: the gate
+#: half then the up half, so neuron j is channels j and d_mlp + j).
+NEURON_ROLES: tuple[str, ...] = ("gate", "up", "fc_in")
+FUSED_NEURON_ROLES: tuple[str, ...] = ("gate_up",)
+
+
+@dataclass(frozen=True)
+class Projection:
+    """A projection SP zeroes channels of: ``axis`` is the weight's dimension indexed by neuron (``nn.Linear``
+    stores ``(d_out, d_in)``, a transposed ``Conv1D`` ``(d_in, d_out)``); ``copies``: 2 for a fused gate_up;
+    ``bias``: the bias is indexed by neuron too (the projections that produce the neurons)."""
+
+    name: str
+    module: torch.nn.Module
+    axis: int
+    copies: int = 1
+    bias: bool = False
+
+    def zero(self, neurons: torch.Tensor) -> list[str]:
+        """Zero the channels of ``neurons`` (indices); return the tensor names changed."""
+        weight = self.module.weight
+        d = weight.shape[self.axis] // self.copies
+        idx = torch.cat([neurons + c * d for c in range(self.copies)]).to(weight.device)
+        weight.index_fill_(self.axis, idx, 0.0)
+        zeroed = [f"{self.name}.weight"]
+        bias = getattr(self.module, "bias", None)
+        if self.bias and isinstance(bias, torch.Tensor):
+            bias.index_fill_(0, idx.to(bias.device), 0.0)
+            zeroed.append(f"{self.name}.bias")
+        return zeroed
+
+
 def mlp_neurons(model: torch.nn.Module) -> dict[str, dict[str, Any]]:
-    """Every MLP whose neurons SP can prune, keyed by its down projection's weight name, in model order:
-    ``{"down": down_proj, "inputs": {name: gate_proj / up_proj of the same MLP, if present}, "d_mlp": n}``."""
-    names = linear_weight_names(model, "mlp")
-    transposed = transposed_weight_names(model, "mlp")
+    """Every MLP whose hidden neurons SP can prune, keyed by its output projection's weight name, in model order:
+    ``{"down": Projection (input channels), "inputs": [Projection (output channels) of the gate / up / fc_in of the
+    same MLP], "d_mlp": n}``. Which weight plays which role is :mod:`lacuna_metrics.anatomy`'s answer, so every
+    architecture it knows with ``nn.Linear`` or ``Conv1D`` MLPs is covered; fused 3-D expert tensors are not."""
     modules = dict(model.named_modules())
+    by_mlp: dict[str, list[Weight]] = {}
+    for w in frag_weights(model, "mlp"):
+        if w.hook == "linear" and w.kind == "weight" and len(w.shape) == 2 and is_linear_module(modules[w.module]):
+            by_mlp.setdefault(w.module.rpartition(".")[0], []).append(w)
     out: dict[str, dict[str, Any]] = {}
-    for module_name, weight_name in names.items():
-        parent, leaf = module_name.rsplit(".", 1) if "." in module_name else ("", module_name)
-        if leaf != "down_proj":
+    for parent, weights in by_mlp.items():
+        downs = [w for w in weights if w.role in OUTPUT_ROLES]
+        if len(downs) > 1:
+            raise ValueError(f"Selective Pruning: MLP {parent!r} has {len(downs)} output projections")
+        if not downs:
             continue
-        if weight_name in transposed:
-            raise ValueError(f"{weight_name!r} is a transposed Conv1D weight; Selective Pruning needs nn.Linear")
-        down = modules[module_name]
-        d_mlp = int(down.weight.shape[1])
-        inputs = {}
-        for sibling in ("gate_proj", "up_proj"):
-            sibling_name = f"{parent}.{sibling}" if parent else sibling
-            mod = modules.get(sibling_name)
-            if isinstance(mod, torch.nn.Linear):
-                if int(mod.weight.shape[0]) != d_mlp:
-                    raise ValueError(f"{sibling_name} has {mod.weight.shape[0]} outputs, down_proj {d_mlp} inputs")
-                inputs[sibling_name] = mod
-        out[weight_name] = {"down": down, "inputs": inputs, "d_mlp": d_mlp}
+        down = downs[0]
+        d_mlp = int(down.input_dim)
+        inputs = []
+        for w in weights:
+            copies = 1 if w.role in NEURON_ROLES else 2 if w.role in FUSED_NEURON_ROLES else 0
+            if not copies:
+                continue
+            axis = 1 if w.transposed else 0
+            if int(w.shape[axis]) != copies * d_mlp:
+                raise ValueError(f"{w.name} has {w.shape[axis]} outputs, {down.name} {d_mlp} inputs (x{copies})")
+            inputs.append(Projection(w.module, modules[w.module], axis, copies, bias=True))
+        output = Projection(down.module, modules[down.module], 0 if down.transposed else 1)
+        out[down.name] = {"down": output, "inputs": inputs, "d_mlp": d_mlp}
     if not out:
-        raise ValueError(f"Selective Pruning found no MLP down_proj in {type(model).__name__}")
+        raise ValueError(
+            f"Selective Pruning found no MLP output projection (roles {list(OUTPUT_ROLES)}, nn.Linear or Conv1D; "
+            f"docs/anatomy.md) in {type(model).__name__}"
+        )
     return out
 
 
@@ -191,16 +241,13 @@ def apply_selective_pruning(
     zeroed: list[str] = []
     with torch.no_grad():
         for name, info in mlps.items():
-            mask = masks[name].to(info["down"].weight.device)
-            info["down"].weight.masked_fill_(mask.unsqueeze(0), 0.0)
-            zeroed.append(name)
+            neurons = masks[name].nonzero().squeeze(1)
+            if not neurons.numel():
+                continue
+            zeroed += info["down"].zero(neurons)
             if cfg.mode == "neuron":
-                for module_name, module in info["inputs"].items():
-                    module.weight.masked_fill_(mask.to(module.weight.device).unsqueeze(1), 0.0)
-                    zeroed.append(f"{module_name}.weight")
-                    if module.bias is not None:
-                        module.bias.masked_fill_(mask.to(module.bias.device), 0.0)
-                        zeroed.append(f"{module_name}.bias")
+                for projection in info["inputs"]:
+                    zeroed += projection.zero(neurons)
     pruned = {n: int(m.sum()) for n, m in masks.items()}
     return {
         "pruned": pruned,
@@ -237,7 +284,10 @@ def run_selective_pruning(
             "spec": (
                 "docs/definitions.md#selective-pruning (Pochinkov & Schoots 2024; FRAG baselines/selective_pruning.py)"
             ),
-            "statistic": "x_j of the down_proj input: mean over sequences of the per-sequence L2 norm over tokens",
+            "statistic": (
+                "x_j of the MLP output projection's input (down_proj, c_proj, dense_4h_to_h, fc2): mean over "
+                "sequences of the per-sequence L2 norm over tokens"
+            ),
         },
         cache_dir=cache_dir,
     )
