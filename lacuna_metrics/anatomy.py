@@ -29,6 +29,8 @@ __all__ = [
     "ATTENTION_ROLES",
     "COMPONENTS",
     "EXPERT_PARAMETER_ROLES",
+    "MLP_NEURON_ROLES",
+    "MLP_OUTPUT_ROLES",
     "MLP_ROLES",
     "PROJECTION_WEIGHT_PATTERN",
     "Anatomy",
@@ -113,6 +115,10 @@ _INPUT_KIND: dict[str, str] = {
     **dict.fromkeys(("q", "k", "v", "qkv", "gate", "up", "gate_up", "fc_in", "router"), "in"),
     **{"o": "attn_out", "down": "mid", "fc_out": "mid"},
 }
+#: An MLP's output projection (its input channels are the MLP's hidden neurons) and the roles whose output channels
+#: are those neurons, one each (fused ``gate_up``: the gate half, then the up half).
+MLP_OUTPUT_ROLES: tuple[str, ...] = ("down", "fc_out")
+MLP_NEURON_ROLES: tuple[str, ...] = ("gate", "up", "fc_in")
 #: Leaves of transformers ``Conv1D`` layers (GPT-2 family), stored ``(d_in, d_out)``.
 _CONV1D_LEAVES: tuple[str, ...] = ("c_attn", "c_proj", "c_fc")
 _CONV1D_MODEL_TYPES: tuple[str, ...] = ("gpt2", "openai-gpt", "imagegpt", "decision_transformer")

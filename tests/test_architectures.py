@@ -316,6 +316,45 @@ def test_selective_pruning_removes_exactly_the_chosen_neurons(arch):
         assert (len(set(stats["zeroed"])) > len(chosen)) == (mode == "neuron")
 
 
+def test_alpha_edit_finds_and_edits_the_mlp_output_projection(world, arch):
+    """AlphaEdit's ``module``/``block`` = ``auto`` come from the anatomy on every architecture (a ``Conv1D`` on
+    GPT-2, Qwen2-MoE's shared expert); the closed-form edit runs and moves every edited layer's weight."""
+    from lacuna_tasks.loader import load_data
+    from lacuna_tasks.prompts import qa_text
+    from lacuna_unlearn.methods.alpha_edit import (
+        AlphaEditConfig,
+        apply_alpha_edit,
+        edit_requests,
+        key_second_moments,
+    )
+    from lacuna_unlearn.methods.alpha_edit_keys import edited_linear, with_templates
+
+    cfg = AlphaEditConfig(
+        layers=list(range(LAYERS)), fact_token="last", v_num_grad_steps=3, batch_size=1, kl_factor=0.0625,
+        nullspace_threshold=0.1, nullspace_relative=True, clamp_norm_factor=1e4, v_weight_decay=0.0,
+    )  # fmt: skip
+    if arch.name in NO_PRUNABLE_MLP:
+        with pytest.raises(ValueError, match="module=auto found no MLP output projection"):
+            with_templates(arch.model, cfg)
+        return
+    model = copy.deepcopy(arch.model)
+    resolved = with_templates(model, cfg)
+    outputs = {
+        w.module for w in model_anatomy(model).matrices() if w.component == "mlp" and w.role in ("down", "fc_out")
+    }
+    assert {resolved.module.format(layer) for layer in cfg.layers} == outputs
+    data = load_data(world.data_dir).splits
+    preserved = [qa_text(r["question"], r["answer"]) for r in data["retain"][:1]]
+    before = {layer: edited_linear(model, resolved.module, layer).weight.detach().clone() for layer in cfg.layers}
+    stats = apply_alpha_edit(
+        model, world.tokenizer, edit_requests(data["forget"][:2], cfg.target), cfg,
+        key_second_moments(model, world.tokenizer, preserved, cfg),
+    )  # fmt: skip
+    for layer in cfg.layers:
+        after = edited_linear(model, resolved.module, layer).weight
+        assert not torch.equal(after, before[layer]) and stats["layers"][str(layer)]["update_fro"] > 0, arch.name
+
+
 def _logits_with_mlp_inputs(
     model: torch.nn.Module,
     ids: torch.Tensor,

@@ -106,13 +106,26 @@ def _target_nll(model, tok, request: EditRequest) -> float:
     return float(torch.nn.functional.cross_entropy(logits, ids[0, len(prompt) :]))
 
 
-def test_edit_on_a_two_layer_model_keeps_preserved_outputs_and_installs_the_target(tiny_lacuna, tiny_email_rows):
-    """The issue's toy: a real 2-layer Llama (intermediate size 128). The preserved text has fewer tokens than
-    keys have dimensions, so its keys span a proper subspace; the edit must not change the down-projection's
-    output on any of them (to 1e-5), while the refusal becomes more likely."""
-    from lacuna_tasks.prompts import qa_text
+def _tiny_gpt2(tiny_lacuna):
+    """A random 2-layer GPT-2 (transformers ``Conv1D`` projections, stored d_in x d_out) with the tiny tokenizer."""
+    from transformers import AutoTokenizer, GPT2Config, GPT2LMHeadModel
 
-    model, tok = _tiny(tiny_lacuna)
+    tok = AutoTokenizer.from_pretrained(tiny_lacuna.model_dir)
+    torch.manual_seed(0)
+    config = GPT2Config(vocab_size=len(tok), n_embd=64, n_layer=2, n_head=2, n_positions=256)
+    return GPT2LMHeadModel(config).eval(), tok
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt2"])
+def test_edit_on_a_two_layer_model_keeps_preserved_outputs_and_installs_the_target(tiny_lacuna, tiny_email_rows, arch):
+    """The issue's toy: a real 2-layer Llama (intermediate size 128), and a GPT-2 whose MLP output projection is a
+    ``Conv1D`` (the update is added transposed); ``module``/``block`` are ``auto`` (the model anatomy). The
+    preserved text has fewer tokens than keys have dimensions, so its keys span a proper subspace; the edit must
+    not change the edited module's output on any of them (to 1e-5), while the refusal becomes more likely."""
+    from lacuna_tasks.prompts import qa_text
+    from lacuna_unlearn.methods.alpha_edit_keys import edited_linear, transposed, with_templates
+
+    model, tok = _tiny(tiny_lacuna) if arch == "llama" else _tiny_gpt2(tiny_lacuna)
     forget, retain = tiny_email_rows
     preserved = [qa_text(r["question"], r["answer"]) for r in retain[:1]]
     # threshold far below every non-zero eigenvalue: P is exactly the complement of the preserved keys' span
@@ -130,31 +143,41 @@ def test_edit_on_a_two_layer_model_keeps_preserved_outputs_and_installs_the_targ
         clamp_norm_factor=1e4,
         v_weight_decay=0.0,
     )
+    resolved = with_templates(model, cfg)
+    want = "model.layers.{}.mlp.down_proj" if arch == "llama" else "transformer.h.{}.mlp.c_proj"
+    assert (resolved.module, resolved.block) == (want, want.split(".{}.")[0] + ".{}")
+    edited = {layer: edited_linear(model, resolved.module, layer) for layer in cfg.layers}
+    assert all(transposed(m) == (arch == "gpt2") for m in edited.values())
+
+    def matrix(layer: int) -> torch.Tensor:  # d_out x d_in, however the module stores it
+        weight = edited[layer].weight.detach()
+        return (weight.T if transposed(edited[layer]) else weight).double().clone()
+
     moments = key_second_moments(model, tok, preserved, cfg)
     keys = {}
     for layer in cfg.layers:  # the preserved keys themselves, recorded before the edit
         seen = []
-        h = model.model.layers[layer].mlp.down_proj.register_forward_pre_hook(
-            lambda _m, a, seen=seen: seen.append(a[0][0])
-        )
+        h = edited[layer].register_forward_pre_hook(lambda _m, a, seen=seen: seen.append(a[0][0]))
         with torch.no_grad():
             model(input_ids=torch.tensor([tok(preserved[0], add_special_tokens=False)["input_ids"]]))
         h.remove()
         keys[layer] = seen[0].T.double()  # d_in x tokens
         assert keys[layer].shape[1] < keys[layer].shape[0]
-    weights = {layer: model.model.layers[layer].mlp.down_proj.weight.detach().clone() for layer in cfg.layers}
+    weights = {layer: matrix(layer) for layer in cfg.layers}
     requests = edit_requests(forget, cfg.target)
     before = [_target_nll(model, tok, r) for r in requests]
     stats = apply_alpha_edit(model, tok, requests, cfg, moments)
     after = [_target_nll(model, tok, r) for r in requests]
     for layer in cfg.layers:
-        delta = (model.model.layers[layer].mlp.down_proj.weight.detach() - weights[layer]).double()
+        delta = matrix(layer) - weights[layer]
         assert float(delta.norm()) > 1e-3  # the layer was edited ...
-        scale = float((weights[layer].double() @ keys[layer]).abs().max())
+        scale = float((weights[layer] @ keys[layer]).abs().max())
         assert float((delta @ keys[layer]).abs().max()) <= 1e-5 * max(scale, 1.0)  # ... not on preserved keys
         assert stats["layers"][str(layer)]["null_space_dim"] > 0
-    # the refusal's tokens are foreign to this model: its NLL falls (by > 0.5 nats per token), it does not vanish
-    assert all(a < b - 0.5 for a, b in zip(after, before, strict=True)), (before, after)
+    # the refusal's tokens are foreign to the trained model: its NLL falls (by > 0.5 nats per token), it does not
+    # vanish; the random GPT-2 only needs to move towards it
+    drop = 0.5 if arch == "llama" else 0.0
+    assert all(a < b - drop for a, b in zip(after, before, strict=True)), (before, after)
     assert all(r > 0.1 for r in stats["reached"])
 
 

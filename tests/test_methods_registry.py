@@ -26,7 +26,7 @@ CONFIGS = Path(__file__).parents[1] / "lacuna_unlearn" / "configs"
 #: ``asdict`` of the method each ``configs/method/*.yaml`` built before the YAMLs were reduced to overrides of the
 #: dataclass defaults (issue 21): (method.name, method.restrict, asdict; editors with the top-level seed 42).
 BEFORE = {
-    "alpha_edit": ("alpha_edit", "none", {'layers': [4, 5, 6, 7, 8], 'target': "I don't know.", 'module': 'model.layers.{}.mlp.down_proj', 'block': 'model.layers.{}', 'v_num_grad_steps': 50, 'v_lr': 0.05, 'v_weight_decay': 1.0, 'clamp_norm_factor': 0.5, 'kl_factor': 1.0, 'l2': 1.0, 'nullspace_threshold': 0.001, 'nullspace_relative': False, 'batch_size': 5, 'fact_token': 'subject_last', 'context_templates': ['{}'], 'kl_prompt': '{} is a', 'cov_text': ['retain', 'neutral'], 'cov_files': [], 'cov_samples': 100000, 'max_length': 256, 'seed': 42}),
+    "alpha_edit": ("alpha_edit", "none", {'layers': [4, 5, 6, 7, 8], 'target': "I don't know.", 'module': 'auto', 'block': 'auto', 'v_num_grad_steps': 50, 'v_lr': 0.05, 'v_weight_decay': 1.0, 'clamp_norm_factor': 0.5, 'kl_factor': 1.0, 'l2': 1.0, 'nullspace_threshold': 0.001, 'nullspace_relative': False, 'batch_size': 5, 'fact_token': 'subject_last', 'context_templates': ['{}'], 'kl_prompt': '{} is a', 'cov_text': ['retain', 'neutral'], 'cov_files': [], 'cov_samples': 100000, 'max_length': 256, 'seed': 42}),
     "finetune": ("finetune", "none", {'gamma': 1.0, 'alpha': 1.0}),
     "frp": ("frp", "none", {'rho': 0.03, 'lam': 0.05, 'beta': 0.0, 'shrink': 0.0, 'target': 'mlp', 'calib_samples': 400, 'max_length': 256, 'seed': 42}),
     "ga_kl": ("grad_diff", "none", {'gamma': 1.0, 'alpha': 1.0, 'retain_loss_type': 'kl'}),

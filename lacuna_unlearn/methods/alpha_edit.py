@@ -31,7 +31,9 @@ keyed by a SHA-256 fingerprint of weights, tokenizer, texts, module and layers
 Choices the sources leave open, all configurable: one context template (``"{}"``; MEMIT samples ten short random
 prefixes from the model); the value loss is read at the model's final logits (LACUNA's ``v_loss_layer`` is the
 last layer); the solve runs in float64; MEMIT's ``mom2_update_weight`` is not part of AlphaEdit's update and is
-not used. Only ``nn.Linear`` modules (weight d_out × d_in) are edited. ``restrict=`` and LoRA are refused: the
+not used. The edited modules are ``nn.Linear`` (weight d_out × d_in) or transformers ``Conv1D`` (d_in × d_out, GPT-2:
+the update is added transposed); ``module`` / ``block`` = ``auto`` (the default) take each layer's MLP output
+projection and its block from the model anatomy (docs/anatomy.md). ``restrict=`` and LoRA are refused: the
 closed form chooses which scalars move.
 """
 
@@ -50,11 +52,15 @@ import torch
 import torch.nn.functional as F
 
 from lacuna_unlearn.methods.alpha_edit_keys import (
+    AUTO,
     cached_second_moments,
     edited_linear,
+    input_dim,
     key_second_moments,
     module_at,
     preserved_texts,
+    transposed,
+    with_templates,
 )
 from lacuna_unlearn.methods.settings import AlphaEditSettings
 
@@ -88,7 +94,7 @@ class AlphaEditConfig(AlphaEditSettings):
         if sorted(set(self.layers)) != list(self.layers):
             raise ValueError(f"AlphaEditConfig.layers must be strictly increasing, got {self.layers!r}")
         for name in ("module", "block", "kl_prompt"):
-            if "{}" not in getattr(self, name):
+            if "{}" not in getattr(self, name) and (name == "kl_prompt" or getattr(self, name) != AUTO):
                 raise ValueError(f"AlphaEditConfig.{name} must contain '{{}}', got {getattr(self, name)!r}")
         if not self.context_templates or any("{}" not in t for t in self.context_templates):
             raise ValueError(f"AlphaEditConfig.context_templates must each contain '{{}}': {self.context_templates!r}")
@@ -167,6 +173,12 @@ def _hidden(output: Any) -> torch.Tensor:
     return output[0] if isinstance(output, tuple) else output
 
 
+def _tokens(x: torch.Tensor) -> torch.Tensor:
+    """A one-sequence batch's activations as (tokens, d): blocks pass (1, seq, d), but some modules see their
+    input flattened to (seq, d) (OPT's MLP, Qwen2-MoE's shared expert)."""
+    return x.reshape(-1, x.shape[-1])
+
+
 @contextmanager
 def _hook(module: torch.nn.Module, fn: Callable[..., Any], pre: bool = False) -> Iterator[None]:
     handle = module.register_forward_pre_hook(fn) if pre else module.register_forward_hook(fn)
@@ -223,7 +235,7 @@ def _at_subject(
     seen: list[torch.Tensor] = []
 
     def grab(_module: torch.nn.Module, *args: Any) -> None:
-        seen.append((args[0][0] if pre else _hidden(args[1]))[0].detach())
+        seen.append(_tokens(args[0][0] if pre else _hidden(args[1])).detach())
 
     columns = []
     with _hook(module, grab, pre=pre), torch.no_grad():
@@ -279,10 +291,11 @@ def compute_target_value(
 
     def add_delta(_module: torch.nn.Module, _args: Any, output: Any) -> Any:
         hidden = _hidden(output)
+        flat = _tokens(hidden).clone()
         if state["init"] is None:
-            state["init"] = hidden[0, state["idx"]].detach().clone()
-        hidden = hidden.clone()
-        hidden[0, state["idx"]] = hidden[0, state["idx"]] + delta.to(hidden.dtype)
+            state["init"] = flat[state["idx"]].detach().clone()
+        flat[state["idx"]] = flat[state["idx"]] + delta.to(flat.dtype)
+        hidden = flat.reshape(hidden.shape)
         return (hidden, *output[1:]) if isinstance(output, tuple) else hidden
 
     optimizer = torch.optim.Adam([delta], lr=cfg.v_lr)
@@ -331,15 +344,16 @@ def apply_alpha_edit(
     second_moments: Mapping[int, torch.Tensor],
 ) -> dict[str, Any]:
     """Edit ``model`` in place, batch by batch (sequential editing); return per-layer statistics for the manifest."""
-    cfg.validate()
+    cfg = with_templates(model, cfg.validate())
     if not requests:
         raise ValueError("AlphaEdit: no edit requests (the forget split is empty)")
     projectors, stats = {}, {}
     for layer in cfg.layers:
-        weight = edited_linear(model, cfg.module, layer).weight
+        module = edited_linear(model, cfg.module, layer)
+        weight, d_in = module.weight, input_dim(module)
         moment = second_moments.get(layer)
-        if moment is None or tuple(moment.shape) != (weight.shape[1],) * 2:
-            raise ValueError(f"AlphaEdit: no {weight.shape[1]}x{weight.shape[1]} key second moment for layer {layer}")
+        if moment is None or tuple(moment.shape) != (d_in, d_in):
+            raise ValueError(f"AlphaEdit: no {d_in}x{d_in} key second moment for layer {layer}")
         threshold = cfg.nullspace_threshold
         if cfg.nullspace_relative:
             threshold *= float(torch.linalg.eigvalsh(moment.to(torch.float64))[-1])
@@ -362,7 +376,7 @@ def apply_alpha_edit(
             )
         stats[layer] = {
             "null_space_dim": null_dim,
-            "d_in": int(weight.shape[1]),
+            "d_in": d_in,
             "threshold": threshold,
             "update_fro": 0.0,
         }
@@ -378,9 +392,9 @@ def apply_alpha_edit(
             keys = request_keys(model, tokenizer, batch, cfg, layer)
             residual = (z - _residual_stream(model, tokenizer, batch, cfg)) / (len(cfg.layers) - i)
             update = alpha_edit_update(keys, residual, projectors[layer], previous[layer], cfg.l2)
-            weight = edited_linear(model, cfg.module, layer).weight
-            with torch.no_grad():
-                weight += update.to(device=weight.device, dtype=weight.dtype)
+            module = edited_linear(model, cfg.module, layer)
+            with torch.no_grad():  # update is d_out x d_in; a Conv1D stores its weight d_in x d_out
+                module.weight += (update.T if transposed(module) else update).to(module.weight)
             stats[layer]["update_fro"] += float(update.norm())
         gap_after = float((z - _residual_stream(model, tokenizer, batch, cfg)).norm())
         reached.append(1.0 - gap_after / gap_before if gap_before > 0 else 1.0)
@@ -430,6 +444,7 @@ def run_alpha_edit(
     tokenizer = AutoTokenizer.from_pretrained(model_path, local_files_only=True, trust_remote_code=False)
     model = AutoModelForCausalLM.from_pretrained(model_path, local_files_only=True, trust_remote_code=False)
     model.eval()
+    cfg = with_templates(model, cfg)  # the manifest and the moments' cache key name the modules edited
     for layer in cfg.layers:  # fail on a bad module/layer before the expensive statistics
         edited_linear(model, cfg.module, layer)
         module_at(model, cfg.block, layer)

@@ -8,23 +8,61 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
 from lacuna_unlearn.methods.settings import AlphaEditSettings
 
+AlphaEditSettingsT = TypeVar("AlphaEditSettingsT", bound=AlphaEditSettings)
+
 __all__ = [
+    "AUTO",
     "cached_second_moments",
     "edited_linear",
+    "input_dim",
     "key_second_moments",
     "module_at",
     "preserved_texts",
+    "transposed",
+    "with_templates",
 ]
 
 #: Version of the cached second moments' fingerprint payload.
 _FORMAT_VERSION = 1
+
+
+#: ``module`` / ``block`` setting that asks the model anatomy (docs/anatomy.md): each layer's MLP output projection
+#: and its transformer block.
+AUTO = "auto"
+
+
+def with_templates(model: torch.nn.Module, cfg: AlphaEditSettingsT) -> AlphaEditSettingsT:
+    """``cfg`` with ``module`` / ``block`` = ``auto`` replaced by the anatomy's templates: ``model.layers.{}.mlp.
+    down_proj`` and ``model.layers.{}`` on Llama-style models, ``transformer.h.{}.mlp.c_proj`` and
+    ``transformer.h.{}`` on GPT-2, ``gpt_neox.layers.{}.mlp.dense_4h_to_h`` ... (a template the config gives is
+    kept). ValueError naming the model when the layers' MLP output projections do not share one template."""
+    if AUTO not in (cfg.module, cfg.block):
+        return cfg
+    from lacuna_metrics.anatomy import MLP_OUTPUT_ROLES, find_blocks, model_anatomy
+
+    blocks, _ = find_blocks(model)
+    module, block = cfg.module, cfg.block if cfg.block != AUTO else f"{blocks}.{{}}"
+    if module == AUTO:
+        found = {
+            w.module.replace(f"{blocks}.{w.layer}.", f"{blocks}.{{}}.", 1)
+            for w in model_anatomy(model).matrices()
+            if w.component == "mlp" and w.role in MLP_OUTPUT_ROLES and w.hook == "linear" and w.layer is not None
+        }
+        if len(found) != 1:
+            raise ValueError(
+                f"AlphaEdit: module=auto found {sorted(found) or 'no'} MLP output projection(s) per layer in "
+                f"{type(model).__name__} (docs/anatomy.md); set method.args.module"
+            )
+        module = found.pop()
+    return replace(cfg, module=module, block=block)
 
 
 def module_at(model: torch.nn.Module, template: str, layer: int) -> torch.nn.Module:
@@ -36,12 +74,27 @@ def module_at(model: torch.nn.Module, template: str, layer: int) -> torch.nn.Mod
         raise ValueError(f"AlphaEdit: the model has no module {name!r} (set method.args.module / block)") from None
 
 
-def edited_linear(model: torch.nn.Module, template: str, layer: int) -> torch.nn.Linear:
-    """:func:`module_at`, which must be an ``nn.Linear`` (the only modules AlphaEdit edits)."""
+def edited_linear(model: torch.nn.Module, template: str, layer: int) -> torch.nn.Module:
+    """:func:`module_at`, which must be an ``nn.Linear`` or a transformers ``Conv1D`` (stored ``(d_in, d_out)``: the
+    update is added transposed; see :func:`input_dim`)."""
+    from lacuna_metrics.anatomy import is_linear_module
+
     module = module_at(model, template, layer)
-    if not isinstance(module, torch.nn.Linear):
-        raise ValueError(f"AlphaEdit edits nn.Linear modules; {template.format(layer)!r} is {type(module).__name__}")
+    if not is_linear_module(module):
+        raise ValueError(
+            f"AlphaEdit edits nn.Linear / Conv1D modules; {template.format(layer)!r} is {type(module).__name__}"
+        )
     return module
+
+
+def transposed(module: torch.nn.Module) -> bool:
+    """Whether the edited module stores its weight ``(d_in, d_out)`` (transformers ``Conv1D``, GPT-2)."""
+    return not isinstance(module, torch.nn.Linear)
+
+
+def input_dim(module: torch.nn.Module) -> int:
+    """d_in of the edited module: the length of its keys."""
+    return int(module.weight.shape[0 if transposed(module) else 1])
 
 
 def key_second_moments(
@@ -54,6 +107,7 @@ def key_second_moments(
     """
     if not texts:
         raise ValueError("AlphaEdit: no preserved-knowledge text for the key covariance (cov_text / cov_files)")
+    cfg = with_templates(model, cfg)
     device = next(model.parameters()).device
     encoded = [
         tokenizer(t, add_special_tokens=False, truncation=True, max_length=cfg.max_length)["input_ids"] for t in texts
@@ -67,7 +121,8 @@ def key_second_moments(
 
     def collect(layer: int) -> Callable[..., None]:
         def fn(_module: torch.nn.Module, args: Any) -> None:
-            k = args[0][valid["mask"]].float()
+            x = args[0]  # (batch, seq, d), or (batch · seq, d) where the model flattens it (OPT's MLP)
+            k = x.reshape(-1, x.shape[-1])[valid["mask"].reshape(-1)].float()
             gram = (k.T @ k).to(torch.float64)
             sums[layer] = sums[layer] + gram if layer in sums else gram
 
@@ -177,6 +232,7 @@ def cached_second_moments(
 
     from lacuna_metrics.manifest import save_tensors
 
+    cfg = with_templates(model, cfg)  # the key names the module edited, not "auto"
     key = _fingerprint(model_dir, texts, cfg)
     path = cache / f"{key}.safetensors" if cache is not None else None
     if path is not None and path.is_file():

@@ -52,7 +52,7 @@ from typing import Any
 
 import torch
 
-from lacuna_metrics.anatomy import Weight, is_linear_module
+from lacuna_metrics.anatomy import MLP_NEURON_ROLES, MLP_OUTPUT_ROLES, Weight, is_linear_module
 from lacuna_metrics.frag_targets import frag_weights
 from lacuna_unlearn.methods.frp import _is_real, prune_from_activations, run_on_qa_rows
 from lacuna_unlearn.methods.settings import SP_EPS, SPSettings
@@ -147,15 +147,6 @@ def sp_prune_masks(
 # -- models ----------------------------------------------------------------------------------------------------
 
 
-#: Roles (lacuna_metrics.anatomy, docs/anatomy.md) of an MLP's output projection, whose input channels are the
-#: MLP's hidden neurons: Llama's ``down_proj``, GPT-2's ``c_proj``, GPT-NeoX's ``dense_4h_to_h``, OPT's ``fc2`` ...
-OUTPUT_ROLES: tuple[str, ...] = ("down", "fc_out")
-#: Roles whose output channels are those neurons (one channel each), and the fused ``gate_up`` (Phi-3: the gate
-#: half then the up half, so neuron j is channels j and d_mlp + j).
-NEURON_ROLES: tuple[str, ...] = ("gate", "up", "fc_in")
-FUSED_NEURON_ROLES: tuple[str, ...] = ("gate_up",)
-
-
 @dataclass(frozen=True)
 class Projection:
     """A projection SP zeroes channels of: ``axis`` is the weight's dimension indexed by neuron (``nn.Linear``
@@ -194,7 +185,7 @@ def mlp_neurons(model: torch.nn.Module) -> dict[str, dict[str, Any]]:
             by_mlp.setdefault(w.module.rpartition(".")[0], []).append(w)
     out: dict[str, dict[str, Any]] = {}
     for parent, weights in by_mlp.items():
-        downs = [w for w in weights if w.role in OUTPUT_ROLES]
+        downs = [w for w in weights if w.role in MLP_OUTPUT_ROLES]
         if len(downs) > 1:
             raise ValueError(f"Selective Pruning: MLP {parent!r} has {len(downs)} output projections")
         if not downs:
@@ -203,7 +194,7 @@ def mlp_neurons(model: torch.nn.Module) -> dict[str, dict[str, Any]]:
         d_mlp = int(down.input_dim)
         inputs = []
         for w in weights:
-            copies = 1 if w.role in NEURON_ROLES else 2 if w.role in FUSED_NEURON_ROLES else 0
+            copies = 1 if w.role in MLP_NEURON_ROLES else 2 if w.role == "gate_up" else 0
             if not copies:
                 continue
             axis = 1 if w.transposed else 0
@@ -214,7 +205,7 @@ def mlp_neurons(model: torch.nn.Module) -> dict[str, dict[str, Any]]:
         out[down.name] = {"down": output, "inputs": inputs, "d_mlp": d_mlp}
     if not out:
         raise ValueError(
-            f"Selective Pruning found no MLP output projection (roles {list(OUTPUT_ROLES)}, nn.Linear or Conv1D; "
+            f"Selective Pruning found no MLP output projection (roles {list(MLP_OUTPUT_ROLES)}, nn.Linear or Conv1D; "
             f"docs/anatomy.md) in {type(model).__name__}"
         )
     return out

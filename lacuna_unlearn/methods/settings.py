@@ -166,8 +166,11 @@ class AlphaEditSettings:
 
     layers: list[int] = field(default_factory=lambda: [4, 5, 6, 7, 8])
     target: str = "I don't know."
-    module: str = "model.layers.{}.mlp.down_proj"  #: edited module per layer (an nn.Linear)
-    block: str = "model.layers.{}"  #: whose output is the residual stream at ``layers[-1]``
+    #: edited module per layer (an nn.Linear or Conv1D), a template like ``model.layers.{}.mlp.down_proj``; ``auto``:
+    #: the layer's MLP output projection, from the model anatomy (docs/anatomy.md)
+    module: str = "auto"
+    #: whose output is the residual stream at ``layers[-1]``; ``auto``: the transformer block (``model.layers.{}``)
+    block: str = "auto"
     v_num_grad_steps: int = 50
     v_lr: float = 5e-2
     v_weight_decay: float = 1.0
