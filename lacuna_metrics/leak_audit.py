@@ -36,10 +36,22 @@ from lacuna_metrics.localization import BASELINES, Localization, LocalizationCon
 from lacuna_metrics.masks import MaskReader
 from lacuna_tasks.prompts import stable_seed
 
-__all__ = ["NULL_KINDS", "LeakAuditError", "NullUpdate", "audit_testbed", "leak_audit", "score_null_updates"]
+__all__ = [
+    "NULL_KINDS",
+    "ROUNDED_DTYPES",
+    "LeakAuditError",
+    "NullUpdate",
+    "audit_testbed",
+    "leak_audit",
+    "rounded_alike",
+    "score_null_updates",
+    "stored_as",
+]
 
 #: The null updates, in report order.
 NULL_KINDS: tuple[str, ...] = ("gaussian", "adam_sign")
+#: Stored dtypes a null update is rounded to (:class:`NullUpdate`): narrower than the scorer's float32.
+ROUNDED_DTYPES: tuple[torch.dtype, ...] = (torch.bfloat16, torch.float16)
 #: Noise is drawn per chunk of about this many scalars (whole rows), so a block's noise does not depend on
 #: how the scorer cuts tensors into blocks.
 CHUNK_SCALARS = 1 << 16
@@ -58,9 +70,15 @@ class NullUpdate(Checkpoint):
     ``kind="adam_sign"``: every scalar gets ``±scale`` with a random sign. Noise of rows ``[r0, r1)`` of
     chunk ``c`` comes from a generator seeded with ``(seed, kind, tensor name, c)``: reproducible, and
     independent of the scorer's block size and thread count.
+
+    The updated values are rounded to the dtype ``stored_like`` (default ``before``) stores each tensor in, as a
+    saved method-free checkpoint would be: on a bf16 pair most of a small update rounds away, and which scalars
+    keep theirs depends on |θ| (docs/scoring.md, "Null calibration"). float32 and float64 tensors are not rounded.
     """
 
-    def __init__(self, before: Checkpoint, kind: str, *, seed: int, scale: float) -> None:
+    def __init__(
+        self, before: Checkpoint, kind: str, *, seed: int, scale: float, stored_like: Checkpoint | None = None
+    ) -> None:
         if kind not in NULL_KINDS:
             raise ValueError(f"unknown null update {kind!r}; choose from {list(NULL_KINDS)}")
         if not (isinstance(scale, (int, float)) and math.isfinite(scale) and scale > 0):
@@ -71,6 +89,7 @@ class NullUpdate(Checkpoint):
         self._pickle_cache = None
         self._fingerprint = None
         self._source = before
+        self._stored_like = stored_like if stored_like is not None else before
         self.kind, self.seed, self.scale = kind, int(seed), float(scale)
         self._rms: dict[str, float] = {}
         self._lock = threading.Lock()
@@ -94,6 +113,9 @@ class NullUpdate(Checkpoint):
         stop = self.info(name).rows if stop is None else stop
         if values.numel():
             values += self.noise(name, start, stop).reshape(values.shape)
+            dtype = self._stored_like.info(name).dtype
+            if dtype in ROUNDED_DTYPES:  # what saving it in that dtype keeps
+                values = values.to(dtype).to(torch.float32)
         return values, values
 
     def read_raw(
@@ -206,6 +228,8 @@ def leak_audit(
         "composite_samples": composite_samples,
         "seconds": round(time.perf_counter() - started, 1),
     }
+    for entry in out["null_updates"].values():
+        entry["stored_as"] = stored_as(before_ck)
     if offenders and raise_on_leak:
         listed = ", ".join(f"{name} {auc:.3f}" for name, auc in offenders[:4])
         more = f" and {len(offenders) - 4} more" if len(offenders) > 4 else ""
@@ -223,19 +247,39 @@ def score_null_updates(
     base: Checkpoint | None,
     config: LocalizationConfig,
     scales: Mapping[str, float],
+    stored_like: Checkpoint | None = None,
 ) -> tuple[dict[str, dict[str, dict[str, float | None]]], dict[str, Any]]:
-    """Score every null update of :data:`NULL_KINDS` (seeded with ``config.seed``, at ``scales[kind]``) through the
-    scorer, under every family and target: ``({kind: {family: {target: AUC}}}, the first update's localization
-    section)``. The one loop behind the leak audit and ``lacuna score``'s null calibration."""
+    """Score every null update of :data:`NULL_KINDS` (seeded with ``config.seed``, at ``scales[kind]``, stored like
+    ``stored_like``, default ``before``) through the scorer, under every family and target: ``({kind: {family:
+    {target: AUC}}}, the first update's localization section)``. The one loop behind the leak audit and ``lacuna
+    score``'s null calibration."""
     null: dict[str, dict[str, dict[str, float | None]]] = {}
     first: dict[str, Any] = {}
     for kind in NULL_KINDS:
-        after = NullUpdate(before, kind, seed=config.seed, scale=scales[kind])
+        after = NullUpdate(before, kind, seed=config.seed, scale=scales[kind], stored_like=stored_like)
         result = Localization(before, after, MaskReader(masks), base=base, config=config).run()
         first = first or result
         families = [s for s in result["auc"][next(iter(TARGETS))] if s != "best"]
         null[kind] = {s: {t: result["auc"][t].get(s) for t in TARGETS} for s in families}
     return null, first
+
+
+def stored_as(ckpt: Checkpoint) -> list[str]:
+    """The floating dtypes ``ckpt`` stores its tensors in (``["bfloat16"]``): null updates stored like it are
+    rounded to them (:data:`ROUNDED_DTYPES`); recorded beside their AUCs."""
+    dtypes = {ckpt.info(n).dtype for n in ckpt.names if not ckpt.is_alias(n)}
+    return sorted(str(d).removeprefix("torch.") for d in dtypes if d.is_floating_point)
+
+
+def rounded_alike(a: Checkpoint, b: Checkpoint) -> bool:
+    """Whether null updates stored like ``a`` and like ``b`` are rounded alike, tensor by tensor (so AUCs of one
+    stand for the other)."""
+
+    def rounding(ckpt: Checkpoint, name: str) -> torch.dtype | None:
+        dtype = ckpt.info(name).dtype
+        return dtype if dtype in ROUNDED_DTYPES else None
+
+    return all(rounding(a, n) == rounding(b, n) for n in a.names if not a.is_alias(n))
 
 
 def audit_testbed(testbed: PathLike, **kwargs: Any) -> dict[str, Any]:
