@@ -327,7 +327,7 @@ def test_alpha_edit_finds_and_edits_the_mlp_output_projection(world, arch):
         edit_requests,
         key_second_moments,
     )
-    from lacuna_unlearn.methods.alpha_edit_keys import edited_linear, with_templates
+    from lacuna_unlearn.methods.alpha_edit_keys import edited_module, with_templates
 
     cfg = AlphaEditConfig(
         layers=list(range(LAYERS)), fact_token="last", v_num_grad_steps=3, batch_size=1, kl_factor=0.0625,
@@ -345,13 +345,13 @@ def test_alpha_edit_finds_and_edits_the_mlp_output_projection(world, arch):
     assert {resolved.module.format(layer) for layer in cfg.layers} == outputs
     data = load_data(world.data_dir).splits
     preserved = [qa_text(r["question"], r["answer"]) for r in data["retain"][:1]]
-    before = {layer: edited_linear(model, resolved.module, layer).weight.detach().clone() for layer in cfg.layers}
+    before = {layer: edited_module(model, resolved.module, layer).weight.detach().clone() for layer in cfg.layers}
     stats = apply_alpha_edit(
         model, world.tokenizer, edit_requests(data["forget"][:2], cfg.target), cfg,
         key_second_moments(model, world.tokenizer, preserved, cfg),
     )  # fmt: skip
     for layer in cfg.layers:
-        after = edited_linear(model, resolved.module, layer).weight
+        after = edited_module(model, resolved.module, layer).weight
         assert not torch.equal(after, before[layer]) and stats["layers"][str(layer)]["update_fro"] > 0, arch.name
 
 

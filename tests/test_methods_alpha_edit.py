@@ -123,7 +123,7 @@ def test_edit_on_a_two_layer_model_keeps_preserved_outputs_and_installs_the_targ
     preserved text has fewer tokens than keys have dimensions, so its keys span a proper subspace; the edit must
     not change the edited module's output on any of them (to 1e-5), while the refusal becomes more likely."""
     from lacuna_tasks.prompts import qa_text
-    from lacuna_unlearn.methods.alpha_edit_keys import edited_linear, transposed, with_templates
+    from lacuna_unlearn.methods.alpha_edit_keys import edited_module, transposed, with_templates
 
     model, tok = _tiny(tiny_lacuna) if arch == "llama" else _tiny_gpt2(tiny_lacuna)
     forget, retain = tiny_email_rows
@@ -146,7 +146,7 @@ def test_edit_on_a_two_layer_model_keeps_preserved_outputs_and_installs_the_targ
     resolved = with_templates(model, cfg)
     want = "model.layers.{}.mlp.down_proj" if arch == "llama" else "transformer.h.{}.mlp.c_proj"
     assert (resolved.module, resolved.block) == (want, want.split(".{}.")[0] + ".{}")
-    edited = {layer: edited_linear(model, resolved.module, layer) for layer in cfg.layers}
+    edited = {layer: edited_module(model, resolved.module, layer) for layer in cfg.layers}
     assert all(transposed(m) == (arch == "gpt2") for m in edited.values())
 
     def matrix(layer: int) -> torch.Tensor:  # d_out x d_in, however the module stores it

@@ -54,7 +54,7 @@ import torch.nn.functional as F
 from lacuna_unlearn.methods.alpha_edit_keys import (
     AUTO,
     cached_second_moments,
-    edited_linear,
+    edited_module,
     input_dim,
     key_second_moments,
     module_at,
@@ -254,7 +254,7 @@ def request_keys(
     model: torch.nn.Module, tokenizer: Any, requests: Sequence[EditRequest], cfg: AlphaEditConfig, layer: int
 ) -> torch.Tensor:
     """K₁ (d_in × n): the edited module's input at the subject's last token, averaged over context templates."""
-    module = edited_linear(model, cfg.module, layer)
+    module = edited_module(model, cfg.module, layer)
     cols = [
         _at_subject(model, tokenizer, module, _contexts(r, cfg.context_templates), True, cfg.fact_token).mean(dim=1)
         for r in requests
@@ -349,7 +349,7 @@ def apply_alpha_edit(
         raise ValueError("AlphaEdit: no edit requests (the forget split is empty)")
     projectors, stats = {}, {}
     for layer in cfg.layers:
-        module = edited_linear(model, cfg.module, layer)
+        module = edited_module(model, cfg.module, layer)
         weight, d_in = module.weight, input_dim(module)
         moment = second_moments.get(layer)
         if moment is None or tuple(moment.shape) != (d_in, d_in):
@@ -392,7 +392,7 @@ def apply_alpha_edit(
             keys = request_keys(model, tokenizer, batch, cfg, layer)
             residual = (z - _residual_stream(model, tokenizer, batch, cfg)) / (len(cfg.layers) - i)
             update = alpha_edit_update(keys, residual, projectors[layer], previous[layer], cfg.l2)
-            module = edited_linear(model, cfg.module, layer)
+            module = edited_module(model, cfg.module, layer)
             with torch.no_grad():  # update is d_out x d_in; a Conv1D stores its weight d_in x d_out
                 module.weight += (update.T if transposed(module) else update).to(module.weight)
             stats[layer]["update_fro"] += float(update.norm())
@@ -446,7 +446,7 @@ def run_alpha_edit(
     model.eval()
     cfg = with_templates(model, cfg)  # the manifest and the moments' cache key name the modules edited
     for layer in cfg.layers:  # fail on a bad module/layer before the expensive statistics
-        edited_linear(model, cfg.module, layer)
+        edited_module(model, cfg.module, layer)
         module_at(model, cfg.block, layer)
     timings = {}
     t = time.time()

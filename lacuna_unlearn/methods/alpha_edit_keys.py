@@ -21,7 +21,7 @@ AlphaEditSettingsT = TypeVar("AlphaEditSettingsT", bound=AlphaEditSettings)
 __all__ = [
     "AUTO",
     "cached_second_moments",
-    "edited_linear",
+    "edited_module",
     "input_dim",
     "key_second_moments",
     "module_at",
@@ -74,7 +74,7 @@ def module_at(model: torch.nn.Module, template: str, layer: int) -> torch.nn.Mod
         raise ValueError(f"AlphaEdit: the model has no module {name!r} (set method.args.module / block)") from None
 
 
-def edited_linear(model: torch.nn.Module, template: str, layer: int) -> torch.nn.Module:
+def edited_module(model: torch.nn.Module, template: str, layer: int) -> torch.nn.Module:
     """:func:`module_at`, which must be an ``nn.Linear`` or a transformers ``Conv1D`` (stored ``(d_in, d_out)``: the
     update is added transposed; see :func:`input_dim`)."""
     from lacuna_metrics.anatomy import is_linear_module
@@ -129,7 +129,7 @@ def key_second_moments(
         return fn
 
     handles = [
-        edited_linear(model, cfg.module, layer).register_forward_pre_hook(collect(layer)) for layer in cfg.layers
+        edited_module(model, cfg.module, layer).register_forward_pre_hook(collect(layer)) for layer in cfg.layers
     ]
     try:
         with torch.no_grad():
