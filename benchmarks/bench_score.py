@@ -19,8 +19,10 @@ the child's own:
 
 Cold runs drop the files from the page cache first (``posix_fadvise(DONTNEED)``), warm runs do not; the cold
 reads and the cold scoring runs of the large pair are medians of three (the disk's speed varies between runs).
-Prints a table of seconds, parameters/s, peak RSS and ratios to the read time of the same run, and whether
-each scoring configuration meets the issue's target of at most 2.5x the read time.
+Prints a table of seconds, parameters/s, peak RSS, ratios to the read time of the same run and CPU time per core
+(user + system over all threads, divided by the cores: the wall time the run's work needs with every core busy),
+whether each scoring configuration meets the issue's target of at most 2.5x the read time, and the work floors
+of the two walks without the null calibration against their targets.
 """
 
 from __future__ import annotations
