@@ -43,7 +43,8 @@ __all__ = [
     "NullUpdate",
     "audit_testbed",
     "leak_audit",
-    "rounded_alike",
+    "recorded_nulls_apply",
+    "rounding_of",
     "score_null_updates",
     "stored_as",
 ]
@@ -113,8 +114,8 @@ class NullUpdate(Checkpoint):
         stop = self.info(name).rows if stop is None else stop
         if values.numel():
             values += self.noise(name, start, stop).reshape(values.shape)
-            dtype = self._stored_like.info(name).dtype
-            if dtype in ROUNDED_DTYPES:  # what saving it in that dtype keeps
+            dtype = rounding_of(self._stored_like, name)
+            if dtype is not None:  # what saving it in that dtype keeps
                 values = values.to(dtype).to(torch.float32)
         return values, values
 
@@ -228,8 +229,9 @@ def leak_audit(
         "composite_samples": composite_samples,
         "seconds": round(time.perf_counter() - started, 1),
     }
+    dtypes = stored_as(before_ck)
     for entry in out["null_updates"].values():
-        entry["stored_as"] = stored_as(before_ck)
+        entry["stored_as"] = dtypes
     if offenders and raise_on_leak:
         listed = ", ".join(f"{name} {auc:.3f}" for name, auc in offenders[:4])
         more = f" and {len(offenders) - 4} more" if len(offenders) > 4 else ""
@@ -271,15 +273,22 @@ def stored_as(ckpt: Checkpoint) -> list[str]:
     return sorted(str(d).removeprefix("torch.") for d in dtypes if d.is_floating_point)
 
 
-def rounded_alike(a: Checkpoint, b: Checkpoint) -> bool:
-    """Whether null updates stored like ``a`` and like ``b`` are rounded alike, tensor by tensor (so AUCs of one
-    stand for the other)."""
+def rounding_of(ckpt: Checkpoint, name: str) -> torch.dtype | None:
+    """The dtype a null update stored like ``ckpt`` is rounded to in tensor ``name`` (None: not rounded)."""
+    dtype = ckpt.info(name).dtype
+    return dtype if dtype in ROUNDED_DTYPES else None
 
-    def rounding(ckpt: Checkpoint, name: str) -> torch.dtype | None:
-        dtype = ckpt.info(name).dtype
-        return dtype if dtype in ROUNDED_DTYPES else None
 
-    return all(rounding(a, n) == rounding(b, n) for n in a.names if not a.is_alias(n))
+def recorded_nulls_apply(null_updates: Mapping[str, Any] | None, before: Checkpoint, after: Checkpoint) -> bool:
+    """Whether an audit's recorded null AUCs (null updates stored like ``before``, described by ``null_updates``)
+    stand for null updates stored like ``after``: rounded alike tensor by tensor, and, for an audit recorded
+    before null updates were rounded (no ``stored_as``: it rounded nothing), only where nothing needs rounding."""
+    names = [n for n in before.names if not before.is_alias(n)]
+    if any(rounding_of(before, n) != rounding_of(after, n) for n in names):
+        return False
+    entries = list((null_updates or {}).values())
+    rounded = bool(entries) and all("stored_as" in (e or {}) for e in entries)
+    return rounded or all(rounding_of(before, n) is None for n in names)
 
 
 def audit_testbed(testbed: PathLike, **kwargs: Any) -> dict[str, Any]:

@@ -333,7 +333,7 @@ def _null_calibration(
     """The null-calibrated AUCs (lacuna_metrics.null_calibration) of this score. The null updates' AUCs come from
     the testbed's leak audit when it scored the same ``before`` and masks (recorded in its manifest), else they are
     computed here: each null update (seeded, docs/scoring.md "Null calibration") through the same scorer."""
-    from lacuna_metrics.leak_audit import NULL_KINDS, ROUNDED_DTYPES, rounded_alike, score_null_updates, stored_as
+    from lacuna_metrics.leak_audit import NULL_KINDS, recorded_nulls_apply, score_null_updates, stored_as
     from lacuna_metrics.null_calibration import DEFAULT_NULL_SCALES, calibrate
 
     if not 0.0 < float(tolerance) < 0.5:
@@ -344,16 +344,12 @@ def _null_calibration(
         recorded = (json.loads(manifest.read_text()).get("leak_audit") or {}) if manifest.is_file() else {}
         # the audit scored the testbed's own model/ and masks: reuse it when this score reads those too (paths are
         # compared inside the testbed, so a moved or cached testbed still matches) and its null updates were
-        # rounded as ones stored like --after are (audits without "stored_as" rounded none)
-        before, after = ckpts["before"], ckpts["after"]
-        entries = list((recorded.get("null_updates") or {}).values())
-        rounded = bool(entries) and all("stored_as" in (e or {}) for e in entries)
+        # rounded as ones stored like --after are
         same = (
             recorded.get("null")
             and masks.resolve() == (Path(testbed) / "masks.safetensors").resolve()
-            and before.path.resolve() == (Path(testbed) / "model").resolve()
-            and rounded_alike(before, after)
-            and (rounded or not any(before.info(n).dtype in ROUNDED_DTYPES for n in before.names))
+            and ckpts["before"].path.resolve() == (Path(testbed) / "model").resolve()
+            and recorded_nulls_apply(recorded.get("null_updates"), ckpts["before"], ckpts["after"])
         )
         if same:
             audit = {"null": recorded["null"], "null_updates": recorded.get("null_updates"), "source": str(manifest)}
