@@ -20,6 +20,7 @@ __all__ = [
     "TARGETS",
     "check_target",
     "frag_weights",
+    "linear_frag_weights",
     "linear_weight_names",
     "transposed_weight_names",
 ]
@@ -108,15 +109,22 @@ def linear_weight_names(model: torch.nn.Module, target: str = "all") -> dict[str
     except ``lm_head`` and embeddings. Fused 3-D expert parameters and non-linear router modules are not modules with a
     2-D weight and are left out here (:func:`frag_weights` has them). Raises ValueError when nothing matches.
     """
-    modules = dict(model.named_modules())
-    names = {
-        w.module: w.name
-        for w in frag_weights(model, target)
-        if w.hook == "linear" and w.name.endswith(".weight") and is_linear_module(modules[w.module])
-    }
+    names = {w.module: w.name for w in linear_frag_weights(model, target)}
     if not names:
         raise ValueError(f"target={target!r} matches no nn.Linear / Conv1D projection of {type(model).__name__}")
     return names
+
+
+def linear_frag_weights(model: torch.nn.Module, target: str = "all") -> list[Weight]:
+    """The weight matrices of :func:`frag_weights` held by an ``nn.Linear`` / ``Conv1D`` module (not fused 3-D
+    experts or non-linear routers), in model order: what :func:`linear_weight_names` names and Selective Pruning
+    zeroes channels of."""
+    modules = dict(model.named_modules())
+    return [
+        w
+        for w in frag_weights(model, target)
+        if w.hook == "linear" and w.name.endswith(".weight") and is_linear_module(modules[w.module])
+    ]
 
 
 def transposed_weight_names(model: torch.nn.Module, target: str = "all") -> set[str]:

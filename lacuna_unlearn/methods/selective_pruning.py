@@ -52,8 +52,8 @@ from typing import Any
 
 import torch
 
-from lacuna_metrics.anatomy import MLP_NEURON_ROLES, MLP_OUTPUT_ROLES, Weight, is_linear_module
-from lacuna_metrics.frag_targets import frag_weights
+from lacuna_metrics.anatomy import MLP_NEURON_ROLES, MLP_OUTPUT_ROLES, Weight
+from lacuna_metrics.frag_targets import linear_frag_weights
 from lacuna_unlearn.methods.frp import _is_real, prune_from_activations, run_on_qa_rows
 from lacuna_unlearn.methods.settings import SP_EPS, SPSettings
 from lacuna_unlearn.methods.wagle import top_fraction_masks
@@ -180,9 +180,8 @@ def mlp_neurons(model: torch.nn.Module) -> dict[str, dict[str, Any]]:
     architecture it knows with ``nn.Linear`` or ``Conv1D`` MLPs is covered; fused 3-D expert tensors are not."""
     modules = dict(model.named_modules())
     by_mlp: dict[str, list[Weight]] = {}
-    for w in frag_weights(model, "mlp"):
-        if w.hook == "linear" and w.kind == "weight" and len(w.shape) == 2 and is_linear_module(modules[w.module]):
-            by_mlp.setdefault(w.module.rpartition(".")[0], []).append(w)
+    for w in linear_frag_weights(model, "mlp"):
+        by_mlp.setdefault(w.module.rpartition(".")[0], []).append(w)
     out: dict[str, dict[str, Any]] = {}
     for parent, weights in by_mlp.items():
         downs = [w for w in weights if w.role in MLP_OUTPUT_ROLES]
