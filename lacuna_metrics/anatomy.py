@@ -394,15 +394,19 @@ def _conv1d_type() -> type | None:
 
 def is_linear_module(module: torch.nn.Module) -> bool:
     """``nn.Linear`` (subclasses included) or transformers ``Conv1D``: the modules whose 2-D weight is a projection."""
+    return isinstance(module, torch.nn.Linear) or is_transposed_module(module)
+
+
+def is_transposed_module(module: torch.nn.Module) -> bool:
+    """A transformers ``Conv1D`` (GPT-2 family): its weight is stored ``(d_in, d_out)``, not ``nn.Linear``'s."""
     conv1d = _conv1d_type()
-    return isinstance(module, torch.nn.Linear) or (conv1d is not None and isinstance(module, conv1d))
+    return conv1d is not None and isinstance(module, conv1d)
 
 
 def linear_weights(model: torch.nn.Module) -> list[Weight]:
     """Every ``nn.Linear`` / ``Conv1D`` with a 2-D weight in the whole model except the embeddings and ``lm_head``,
     in model order (FRAG's ``linear`` target): blocks or not, classified by the name rules when they match
     (component ``other`` and the leaf as role when not)."""
-    conv1d = _conv1d_type()
     excluded: set[int] = set()
     for getter in ("get_output_embeddings", "get_input_embeddings"):
         fn = getattr(model, getter, None)
@@ -428,7 +432,7 @@ def linear_weights(model: torch.nn.Module) -> list[Weight]:
                 component=named.component if named else "other",
                 role=named.role if named else leaf,
                 shape=tuple(weight.shape),
-                transposed=conv1d is not None and isinstance(module, conv1d),
+                transposed=is_transposed_module(module),
                 module=name,
                 hook="linear",
             )
@@ -489,7 +493,6 @@ def model_anatomy(model: torch.nn.Module, source: str | None = None) -> Anatomy:
     except ValueError as exc:
         raise ValueError(f"{who}: {str(exc).split(': ', 1)[-1]}") from None
     hidden = _hidden_size(_config_dict(config.get_text_config() if hasattr(config, "get_text_config") else config))
-    conv1d = _conv1d_type()
     anatomy = Anatomy(source=who, num_layers=n, block_list=prefix)
     seen: set[int] = set()
     for i, block in enumerate(blocks):
@@ -502,7 +505,7 @@ def model_anatomy(model: torch.nn.Module, source: str | None = None) -> Anatomy:
                 full = f"{module_name}.{pname}"
                 shape = tuple(param.shape)
                 anatomy.block_tensors[full] = shape
-                weight = _classify_module_param(module, module_name, full, pname, shape, i, conv1d, hidden)
+                weight = _classify_module_param(module, module_name, full, pname, shape, i, hidden)
                 if weight is not None:
                     anatomy.weights[full] = weight
     return anatomy
@@ -515,18 +518,16 @@ def _classify_module_param(
     pname: str,
     shape: tuple[int, ...],
     layer: int,
-    conv1d: type | None,
     hidden: int | None,
 ) -> Weight | None:
     named = classify_name(full, shape)
     if is_linear_module(module) and pname in ("weight", "bias"):
         base = named or Weight(name=full, layer=layer, component="other", role=module_name.rsplit(".", 1)[-1])
-        transposed = conv1d is not None and isinstance(module, conv1d) and pname == "weight"
         return replace(
             base,
             kind=pname,
             shape=shape,
-            transposed=transposed,
+            transposed=is_transposed_module(module) and pname == "weight",
             fused_experts=False,
             module=module_name,
             hook="linear",

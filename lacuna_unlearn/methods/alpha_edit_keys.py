@@ -89,7 +89,9 @@ def edited_module(model: torch.nn.Module, template: str, layer: int) -> torch.nn
 
 def transposed(module: torch.nn.Module) -> bool:
     """Whether the edited module stores its weight ``(d_in, d_out)`` (transformers ``Conv1D``, GPT-2)."""
-    return not isinstance(module, torch.nn.Linear)
+    from lacuna_metrics.anatomy import is_transposed_module
+
+    return is_transposed_module(module)
 
 
 def input_dim(module: torch.nn.Module) -> int:
