@@ -3,7 +3,7 @@
 Two callers with two historical rules, kept through explicit :class:`QAFormat` settings (docs/unlearning.md):
 
 * unlearning and relearning (:mod:`lacuna_unlearn.unlearn_data`, :data:`UNLEARN_FORMAT`): prompt and answer are
-  tokenized separately without special tokens; EOS is appended to the answer if missing (and only if the tokenizer
+  tokenized without special tokens, the answer as it continues the prompt (:func:`continuation_ids`); EOS is appended to the answer if missing (and only if the tokenizer
   has one); the prompt's left end is truncated and an answer that does not fit is an error.
 * QA tuning of a testbed (:mod:`lacuna_unlearn.qa_tuning`, :data:`QA_TUNING_FORMAT`): prompt + answer are tokenized
   as one text with the tokenizer's special tokens, the prompt's labels are masked up to the length of the prompt
@@ -28,6 +28,7 @@ __all__ = [
     "UNLEARN_FORMAT",
     "QACollator",
     "QAFormat",
+    "continuation_ids",
     "encode_pair",
     "eos_appended",
     "pad_qa",
@@ -41,7 +42,8 @@ IGNORE_INDEX = -100
 class QAFormat:
     """How a (prompt, answer) pair is tokenized and labelled.
 
-    ``joint``: tokenize prompt + answer as one text (else separately, then concatenated). ``special_tokens``: let the
+    ``joint``: tokenize prompt + answer as one text (else the prompt alone, then the answer's
+    :func:`continuation_ids`). ``special_tokens``: let the
     tokenizer add its special tokens (BOS). ``eos``: ``"if_missing"`` (append the tokenizer's EOS unless the answer
     already ends with it; none when the tokenizer has no EOS), ``"always"`` or ``"none"``. ``truncation``:
     ``"prompt_left"`` (cut the prompt's left end; the answer is kept whole or the pair refused) or ``"right"``
@@ -75,13 +77,27 @@ def _ids(tokenizer: Any, text: str, special_tokens: bool) -> list[int]:
     return list(tokenizer(text, add_special_tokens=special_tokens)["input_ids"])
 
 
+def continuation_ids(tokenizer: Any, prompt: str, text: str, special_tokens: bool = False) -> list[int]:
+    """The tokens of ``text`` as it continues ``prompt``: the tail of ``prompt + text`` tokenized as one text when
+    ``prompt`` alone tokenizes to its head (lm-eval's continuation), else ``text`` tokenized alone.
+
+    Why not always alone: a SentencePiece layout that prepends ``▁`` to every text it encodes (the Llama-2 /
+    Mistral-7B-v0.1 ``tokenizer.json``) turns a lone `` answer`` into ``▁▁`` + ``answer``, tokens the model never
+    sees after a prompt and the evaluation never scores (docs/unlearning.md). Elsewhere both agree."""
+    head = _ids(tokenizer, prompt, special_tokens)
+    whole = _ids(tokenizer, prompt + text, special_tokens)
+    if len(whole) > len(head) and whole[: len(head)] == head:
+        return whole[len(head) :]
+    return _ids(tokenizer, text, special_tokens)
+
+
 def encode_pair(tokenizer: Any, prompt: str, answer: str, fmt: QAFormat = UNLEARN_FORMAT) -> dict[str, torch.Tensor]:
     """``{"input_ids", "labels"}`` (1-D long tensors) of ``prompt`` followed by ``answer``; labels are
     :data:`IGNORE_INDEX` over the prompt. ``answer`` is taken verbatim (the caller adds its leading space/newline)."""
     if fmt.joint:
         return _encode_joint(tokenizer, prompt, answer, fmt)
     prompt_ids = _ids(tokenizer, prompt, fmt.special_tokens)
-    target = _ids(tokenizer, answer, fmt.special_tokens)
+    target = continuation_ids(tokenizer, prompt, answer, fmt.special_tokens)
     if not target:
         raise ValueError(f"answer {answer.strip()!r} tokenizes to nothing")
     eos = getattr(tokenizer, "eos_token_id", None)

@@ -24,6 +24,7 @@ from lacuna_unlearn.qa_encoding import (
     IGNORE_INDEX,
     UNLEARN_FORMAT,
     QACollator,
+    continuation_ids,
     encode_pair,
     eos_appended,
     with_answer,
@@ -34,6 +35,7 @@ __all__ = [
     "RETAIN_FIELD_MODES",
     "ForgetRetainDataset",
     "QADataset",
+    "answer_ids",
     "check_unlearning_splits",
     "collate_forget_retain",
     "encode_qa",
@@ -154,6 +156,12 @@ def encode_qa(
     (:data:`lacuna_unlearn.qa_encoding.UNLEARN_FORMAT`)."""
     fmt = replace(UNLEARN_FORMAT, max_length=max_length, eos="if_missing" if append_eos else "none")
     return encode_pair(tokenizer, probe_prompt(question), f" {answer}\n", fmt)
+
+
+def answer_ids(tokenizer: Any, text: str) -> list[int]:
+    """``text`` tokenized as an answer (no special tokens): as it follows the answer cue ``A:`` that ends every probe
+    prompt (:func:`~lacuna_unlearn.qa_encoding.continuation_ids`). For answers that replace the true one (refusals)."""
+    return continuation_ids(tokenizer, probe_prompt(""), text)
 
 
 class QADataset(torch.utils.data.Dataset):

@@ -410,3 +410,39 @@ def test_memorization_exact_on_all_bundled_rows(family, family_dirs, tmp_path):
     data = load_data(None)
     assert worst["docs"] == len(data.splits["forget"]) + len(data.splits["retain"])
     assert worst["em"] < 1e-12 and worst["es"] < 1e-12 and worst["prob"] < 1e-5, worst
+
+
+@pytest.mark.parametrize("family", [*FAMILIES, "sentencepiece-legacy"])
+def test_unlearning_labels_are_the_tokens_the_evaluation_scores(family, tmp_path):
+    """Every forget/retain row of the bundled data: the unlearning loss's target (``encode_qa``) starts with exactly
+    the answer tokens the memorization metrics score through lm-eval (``token_plan``), then the newline and EOS; the
+    refusals of IdkDPO and JensUn and AlphaEdit's target are their tokens after a probe prompt. Tokenized alone, the Llama-2 layout
+    (``sentencepiece-legacy``) gave `` answer`` a stray ``▁▁`` the model never sees after ``A:``."""
+    from lacuna_tasks.prompts import probe_prompt, qa_prompt
+    from lacuna_unlearn.methods import make_method
+    from lacuna_unlearn.methods.alpha_edit import EditRequest, _target_ids
+    from lacuna_unlearn.unlearn_data import encode_qa
+
+    tokenizer = make_tokenizer(family, tmp_path)
+    encoding = LmEvalEncoding(tokenizer)
+    data = load_data(None)
+    rows = [r for side in ("forget", "retain") for r in data.splits[side]]
+    for row in rows:
+        item = encode_qa(tokenizer, row["question"], row["answer"])
+        target = item["input_ids"][item["labels"] != -100].tolist()
+        plan = token_plan(encoding, qa_prompt(row["question"]), row["answer"])  # as the memorization docs
+        assert target[: len(plan.answer_ids)] == plan.answer_ids, (family, row["answer"])
+        assert target[-1] == tokenizer.eos_token_id
+    prompt = probe_prompt(rows[0]["question"])
+    head = tokenizer(prompt, add_special_tokens=False)["input_ids"]
+    alpha_edit = EditRequest(prompt=prompt, subject=rows[0]["question"], target="No idea")
+    for name, text in (("idk_dpo", " I don't know.\n"), ("jensun", " No idea"), ("alpha_edit", " No idea\n")):
+        if name == "alpha_edit":
+            ids = _target_ids(tokenizer, alpha_edit)
+        else:
+            method = make_method(name)
+            method.prepare(tokenizer)
+            ids = list(method.refusal_ids)
+        whole = tokenizer(prompt + text, add_special_tokens=False)["input_ids"]
+        assert whole[: len(head)] == head
+        assert ids[: len(whole) - len(head)] == whole[len(head) :], (family, name)

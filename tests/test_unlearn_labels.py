@@ -124,3 +124,17 @@ def test_qa_tuning_keeps_its_own_rule_through_the_shared_encoding(tok, max_len):
         len(i) for i, _ in old
     ]
     assert batch["labels"][1, len(old[1][0]) :].eq(IGNORE_INDEX).all()
+
+
+def test_continuation_is_the_answer_in_context_else_the_text_alone(tok):
+    """``continuation_ids``: the tail of prompt + text when the prompt alone tokenizes to its head; when a token spans
+    the boundary (``Par`` + ``is`` is one ``Pa``, ``ris`` here) the text is tokenized alone."""
+    from lacuna_unlearn.qa_encoding import continuation_ids
+
+    def ids(text: str) -> list[int]:
+        return tok(text, add_special_tokens=False)["input_ids"]
+
+    prompt = probe_prompt(QUESTION)
+    assert continuation_ids(tok, prompt, f" {ANSWER}\n") == ids(prompt + f" {ANSWER}\n")[len(ids(prompt)) :]
+    assert ids("Par" + "is")[: len(ids("Par"))] != ids("Par")  # the boundary is inside a token
+    assert continuation_ids(tok, "Par", "is") == ids("is")

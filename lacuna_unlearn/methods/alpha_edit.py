@@ -63,6 +63,7 @@ from lacuna_unlearn.methods.alpha_edit_keys import (
     with_templates,
 )
 from lacuna_unlearn.methods.settings import AlphaEditSettings
+from lacuna_unlearn.qa_encoding import continuation_ids
 
 __all__ = [
     "AlphaEditConfig",
@@ -215,8 +216,10 @@ def _ids(tokenizer: Any, text: str, device: torch.device) -> torch.Tensor:
     return torch.tensor([tokenizer(text, add_special_tokens=False)["input_ids"]], device=device)
 
 
-def _target_ids(tokenizer: Any, target: str) -> list[int]:
-    ids = tokenizer(f" {target}\n", add_special_tokens=False)["input_ids"]
+def _target_ids(tokenizer: Any, request: EditRequest) -> list[int]:
+    """`` target\n`` as it continues the request's prompt (:func:`~lacuna_unlearn.qa_encoding.continuation_ids`)."""
+    target = request.target
+    ids = continuation_ids(tokenizer, request.prompt, f" {target}\n")
     if not ids:
         raise ValueError(f"AlphaEdit: target {target!r} tokenizes to nothing")
     return ids
@@ -276,7 +279,7 @@ def compute_target_value(
     """z = h + δ at block ``layers[-1]``'s output, the subject's last token (MEMIT ``compute_z``); (d_model,)."""
     device = next(model.parameters()).device
     block = module_at(model, cfg.block, cfg.layers[-1])
-    target = _target_ids(tokenizer, request.target)
+    target = _target_ids(tokenizer, request)
     rewrites = []
     for text, subject in _contexts(request, cfg.context_templates):
         prompt = tokenizer(text, add_special_tokens=False)["input_ids"]

@@ -19,7 +19,7 @@ from lacuna_unlearn.losses import dpo_loss, token_nll
 from lacuna_unlearn.methods.base import forward
 from lacuna_unlearn.methods.grad_diff import GradDiff
 from lacuna_unlearn.methods.settings import IdkDPOSettings
-from lacuna_unlearn.unlearn_data import replace_answers
+from lacuna_unlearn.unlearn_data import answer_ids, replace_answers
 
 
 @dataclass
@@ -34,7 +34,7 @@ class IdkDPO(IdkDPOSettings, GradDiff):
         """Tokenize `` refusal\\n`` + EOS the way :func:`lacuna_unlearn.unlearn_data.encode_qa` tokenizes answers
         (EOS when the tokenizer has one: the answers it replaces end with EOS, docs/unlearning.md)."""
         if not self.refusal_ids:
-            ids = tokenizer(f" {self.refusal}\n", add_special_tokens=False)["input_ids"]
+            ids = answer_ids(tokenizer, f" {self.refusal}\n")
             if not ids:
                 raise ValueError(f"refusal {self.refusal!r} tokenizes to nothing")
             if getattr(tokenizer, "eos_token_id", None) is not None:

@@ -20,6 +20,7 @@ from lacuna_unlearn.losses import jensun_forget_loss
 from lacuna_unlearn.methods.base import forward
 from lacuna_unlearn.methods.grad_diff import GradDiff
 from lacuna_unlearn.methods.settings import JensUnSettings
+from lacuna_unlearn.unlearn_data import answer_ids
 
 
 @dataclass
@@ -29,10 +30,11 @@ class JensUn(JensUnSettings, GradDiff):
         self.refusal_ids = tuple(int(i) for i in self.refusal_ids)
 
     def prepare(self, tokenizer: Any) -> None:
-        """Tokenize ``refusal`` (no special tokens) into ``refusal_ids``; explicitly given ids are kept."""
+        """Tokenize ``refusal`` as an answer (:func:`~lacuna_unlearn.unlearn_data.answer_ids`) into ``refusal_ids``;
+        explicitly given ids are kept."""
         if self.refusal_ids:
             return
-        ids = tokenizer(self.refusal, add_special_tokens=False)["input_ids"]
+        ids = answer_ids(tokenizer, self.refusal)
         if not ids:
             raise ValueError(f"refusal {self.refusal!r} tokenizes to nothing")
         self.refusal_ids = tuple(int(i) for i in ids)
