@@ -2,8 +2,8 @@
 
 Two callers with two historical rules, kept through explicit :class:`QAFormat` settings (docs/unlearning.md):
 
-* unlearning and relearning (:mod:`lacuna_unlearn.unlearn_data`, :data:`UNLEARN_FORMAT`): prompt and answer are
-  tokenized without special tokens, the answer as it continues the prompt (:func:`continuation_ids`); EOS is appended to the answer if missing (and only if the tokenizer
+* unlearning and relearning (:mod:`lacuna_unlearn.unlearn_data`, :data:`UNLEARN_FORMAT`): the tokenizer's leading
+  special tokens (BOS), the prompt, then the answer as it continues the prompt (:func:`continuation_ids`); EOS is appended to the answer if missing (and only if the tokenizer
   has one); the prompt's left end is truncated and an answer that does not fit is an error.
 * QA tuning of a testbed (:mod:`lacuna_unlearn.qa_tuning`, :data:`QA_TUNING_FORMAT`): prompt + answer are tokenized
   as one text with the tokenizer's special tokens, the prompt's labels are masked up to the length of the prompt
@@ -31,6 +31,7 @@ __all__ = [
     "continuation_ids",
     "encode_pair",
     "eos_appended",
+    "leading_special_ids",
     "pad_qa",
     "with_answer",
 ]
@@ -43,8 +44,8 @@ class QAFormat:
     """How a (prompt, answer) pair is tokenized and labelled.
 
     ``joint``: tokenize prompt + answer as one text (else the prompt alone, then the answer's
-    :func:`continuation_ids`). ``special_tokens``: let the
-    tokenizer add its special tokens (BOS). ``eos``: ``"if_missing"`` (append the tokenizer's EOS unless the answer
+    :func:`continuation_ids`). ``special_tokens``: let the tokenizer add its special tokens (BOS); tokenized apart,
+    only those it puts before the prompt (:func:`leading_special_ids`). ``eos``: ``"if_missing"`` (append the tokenizer's EOS unless the answer
     already ends with it; none when the tokenizer has no EOS), ``"always"`` or ``"none"``. ``truncation``:
     ``"prompt_left"`` (cut the prompt's left end; the answer is kept whole or the pair refused) or ``"right"``
     (cut the sequence's right end)."""
@@ -62,8 +63,9 @@ class QAFormat:
             raise ValueError(f"QAFormat.truncation={self.truncation!r}: expected prompt_left or right")
 
 
-#: Unlearning/relearning labels (OpenUnlearning and LACUNA: the answer plus EOS, docs/unlearning.md).
-UNLEARN_FORMAT = QAFormat()
+#: Unlearning/relearning labels (OpenUnlearning and LACUNA: BOS as the tokenizer adds it, the answer plus EOS,
+#: docs/unlearning.md).
+UNLEARN_FORMAT = QAFormat(special_tokens=True)
 #: QA tuning of a testbed (docs/definitions.md#qa-tuning).
 QA_TUNING_FORMAT = QAFormat(joint=True, special_tokens=True, eos="always", truncation="right")
 
@@ -77,18 +79,28 @@ def _ids(tokenizer: Any, text: str, special_tokens: bool) -> list[int]:
     return list(tokenizer(text, add_special_tokens=special_tokens)["input_ids"])
 
 
-def continuation_ids(tokenizer: Any, prompt: str, text: str, special_tokens: bool = False) -> list[int]:
-    """The tokens of ``text`` as it continues ``prompt``: the tail of ``prompt + text`` tokenized as one text when
+def continuation_ids(tokenizer: Any, prompt: str, text: str) -> list[int]:
+    """The tokens of ``text`` as it continues ``prompt`` (no special tokens): the tail of ``prompt + text`` tokenized as one text when
     ``prompt`` alone tokenizes to its head (lm-eval's continuation), else ``text`` tokenized alone.
 
     Why not always alone: a SentencePiece layout that prepends ``▁`` to every text it encodes (the Llama-2 /
     Mistral-7B-v0.1 ``tokenizer.json``) turns a lone `` answer`` into ``▁▁`` + ``answer``, tokens the model never
     sees after a prompt and the evaluation never scores (docs/unlearning.md). Elsewhere both agree."""
-    head = _ids(tokenizer, prompt, special_tokens)
-    whole = _ids(tokenizer, prompt + text, special_tokens)
+    head = _ids(tokenizer, prompt, False)
+    whole = _ids(tokenizer, prompt + text, False)
     if len(whole) > len(head) and whole[: len(head)] == head:
         return whole[len(head) :]
-    return _ids(tokenizer, text, special_tokens)
+    return _ids(tokenizer, text, False)
+
+
+def leading_special_ids(tokenizer: Any, text: str) -> list[int]:
+    """The special tokens the tokenizer puts before ``text`` (BOS for Llama/Mistral, none for GPT-2-style BPE). A
+    special token it appends (an EOS, with ``add_eos_token``) is not part of a prompt and is left out."""
+    plain, full = _ids(tokenizer, text, False), _ids(tokenizer, text, True)
+    for k in range(len(full) - len(plain) + 1):
+        if full[k : k + len(plain)] == plain:
+            return full[:k]
+    return []
 
 
 def encode_pair(tokenizer: Any, prompt: str, answer: str, fmt: QAFormat = UNLEARN_FORMAT) -> dict[str, torch.Tensor]:
@@ -96,19 +108,21 @@ def encode_pair(tokenizer: Any, prompt: str, answer: str, fmt: QAFormat = UNLEAR
     :data:`IGNORE_INDEX` over the prompt. ``answer`` is taken verbatim (the caller adds its leading space/newline)."""
     if fmt.joint:
         return _encode_joint(tokenizer, prompt, answer, fmt)
-    prompt_ids = _ids(tokenizer, prompt, fmt.special_tokens)
-    target = continuation_ids(tokenizer, prompt, answer, fmt.special_tokens)
+    lead = leading_special_ids(tokenizer, prompt) if fmt.special_tokens else []
+    prompt_ids = _ids(tokenizer, prompt, False)
+    target = continuation_ids(tokenizer, prompt, answer)
     if not target:
         raise ValueError(f"answer {answer.strip()!r} tokenizes to nothing")
     eos = getattr(tokenizer, "eos_token_id", None)
     if fmt.eos == "always" or (fmt.eos == "if_missing" and eos is not None and target[-1] != eos):
         target = [*target, _eos_id(tokenizer)]
-    if fmt.truncation == "prompt_left":
-        if len(target) >= fmt.max_length:
+    if fmt.truncation == "prompt_left":  # the leading special tokens stay: the prompt's text is cut after them
+        if len(lead) + len(target) >= fmt.max_length:
             raise ValueError(f"answer of {len(target)} tokens does not fit max_length={fmt.max_length}")
-        prompt_ids = prompt_ids[-(fmt.max_length - len(target)) :]
+        prompt_ids = lead + prompt_ids[-(fmt.max_length - len(lead) - len(target)) :]
         ids, labels = prompt_ids + target, [IGNORE_INDEX] * len(prompt_ids) + target
     else:
+        prompt_ids = lead + prompt_ids
         ids = (prompt_ids + target)[: fmt.max_length]
         labels = ([IGNORE_INDEX] * len(prompt_ids) + target)[: fmt.max_length]
     return {"input_ids": torch.tensor(ids), "labels": torch.tensor(labels)}

@@ -36,8 +36,10 @@ from transformers import Trainer, TrainerCallback, TrainingArguments
 
 from lacuna_metrics.manifest import build_manifest, write_json
 from lacuna_metrics.masks import MaskSet
+from lacuna_tasks.prompts import probe_prompt
 from lacuna_unlearn.lora import LoraSettings
 from lacuna_unlearn.methods import Method
+from lacuna_unlearn.qa_encoding import leading_special_ids
 from lacuna_unlearn.unlearn_data import ForgetRetainDataset, QADataset, collate_forget_retain, eos_appended
 
 __all__ = ["TrainConfig", "UnlearnTrainer", "freeze_input_embeddings", "unlearn"]
@@ -220,6 +222,7 @@ def unlearn(
         "append_eos": bool(append_eos),
         "eos_token_id": tokenizer.eos_token_id,
         "eos_appended": eos_appended(tokenizer, append_eos),  # false when the tokenizer has no EOS token
+        "leading_special_ids": leading_special_ids(tokenizer, probe_prompt("")),  # BOS before every prompt, if any
     }
 
     restriction = parse_restriction(restrict)

@@ -233,6 +233,7 @@ def test_relearning_leaves_the_input_embeddings_bit_identical(tiny_lacuna, tmp_p
     else:
         assert manifest["freeze_embeddings"] is None
     assert manifest["labels"]["append_eos"] is True and manifest["labels"]["eos_appended"] is True
+    assert manifest["labels"]["leading_special_ids"] == []  # the byte-level BPE built here adds no BOS
 
 
 def test_the_optimizer_refuses_a_frozen_embedding(tiny_lacuna, tmp_path):

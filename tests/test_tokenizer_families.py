@@ -414,7 +414,8 @@ def test_memorization_exact_on_all_bundled_rows(family, family_dirs, tmp_path):
 
 @pytest.mark.parametrize("family", [*FAMILIES, "sentencepiece-legacy"])
 def test_unlearning_labels_are_the_tokens_the_evaluation_scores(family, tmp_path):
-    """Every forget/retain row of the bundled data: the unlearning loss's target (``encode_qa``) starts with exactly
+    """Every forget/retain row of the bundled data: the unlearning sequence's prompt is the one lm-eval feeds the model
+    (its BOS included), and the unlearning loss's target (``encode_qa``) starts with exactly
     the answer tokens the memorization metrics score through lm-eval (``token_plan``), then the newline and EOS; the
     refusals of IdkDPO and JensUn and AlphaEdit's target are their tokens after a probe prompt. Tokenized alone, the Llama-2 layout
     (``sentencepiece-legacy``) gave `` answer`` a stray ``▁▁`` the model never sees after ``A:``."""
@@ -429,6 +430,8 @@ def test_unlearning_labels_are_the_tokens_the_evaluation_scores(family, tmp_path
     rows = [r for side in ("forget", "retain") for r in data.splits[side]]
     for row in rows:
         item = encode_qa(tokenizer, row["question"], row["answer"])
+        prompt_part = item["input_ids"][item["labels"] == -100].tolist()
+        assert prompt_part == encoding.encode(probe_prompt(row["question"])), (family, "prompt")  # BOS as lm-eval
         target = item["input_ids"][item["labels"] != -100].tolist()
         plan = token_plan(encoding, qa_prompt(row["question"]), row["answer"])  # as the memorization docs
         assert target[: len(plan.answer_ids)] == plan.answer_ids, (family, row["answer"])

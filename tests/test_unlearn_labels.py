@@ -76,6 +76,38 @@ def test_truncation_keeps_the_whole_target_with_eos(tok):
     )
 
 
+def _with_post_processor(tok, template: str):
+    """``tok`` whose special tokens follow ``template`` (``<|endoftext|>`` standing in for a BOS or an EOS)."""
+    import copy
+
+    from tokenizers import processors
+    from transformers import PreTrainedTokenizerFast
+
+    backend = copy.deepcopy(tok.backend_tokenizer)
+    backend.post_processor = processors.TemplateProcessing(
+        single=template, special_tokens=[("<|endoftext|>", tok.eos_token_id)]
+    )
+    return PreTrainedTokenizerFast(tokenizer_object=backend, eos_token=tok.eos_token, pad_token=tok.pad_token)
+
+
+def test_a_bos_the_tokenizer_adds_starts_the_sequence_and_survives_truncation(tok):
+    """As OpenUnlearning tokenizes (``add_special_tokens=True``) and lm-eval scores: the tokenizer's BOS comes first,
+    unlabelled; a long prompt is cut after it. A special token appended after the text is not a prompt's."""
+    from lacuna_unlearn.qa_encoding import leading_special_ids
+
+    bos_tok, bos = _with_post_processor(tok, "<|endoftext|> $A"), tok.eos_token_id
+    prompt, answer = _ids(tok, probe_prompt(QUESTION)), _ids(tok, f" {ANSWER}\n")
+    assert leading_special_ids(bos_tok, probe_prompt(QUESTION)) == [bos]
+    item = encode_qa(bos_tok, QUESTION, ANSWER)
+    assert item["input_ids"].tolist() == [bos, *prompt, *answer, bos]
+    assert item["labels"].tolist() == [IGNORE_INDEX] * (1 + len(prompt)) + answer + [bos]
+    cut = encode_qa(bos_tok, QUESTION, ANSWER, max_length=len(answer) + 4)  # BOS, 2 prompt tokens, the target
+    assert cut["input_ids"].tolist() == [bos, *prompt[-2:], *answer, bos]
+    with pytest.raises(ValueError, match="does not fit max_length"):
+        encode_qa(bos_tok, QUESTION, ANSWER, max_length=len(answer) + 2)
+    assert leading_special_ids(_with_post_processor(tok, "$A <|endoftext|>"), probe_prompt(QUESTION)) == []
+
+
 def test_tokenizer_without_eos_gets_no_eos(tok, tok_without_eos):
     assert tok_without_eos.eos_token_id is None and not eos_appended(tok_without_eos)
     item = encode_qa(tok_without_eos, QUESTION, ANSWER)
