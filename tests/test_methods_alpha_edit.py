@@ -89,6 +89,32 @@ def test_subject_last_token_uses_offsets(tiny_lacuna) -> None:
         subject_last_token(tok, text, "Bob Smith")
 
 
+def test_prompts_start_with_the_bos_the_tokenizer_adds(tiny_lacuna) -> None:
+    """As MEMIT/AlphaEdit's code and lm-eval tokenize: a tokenizer that puts a BOS before every text (Llama, Mistral)
+    gets it before each prompt, and the lookup indices count it."""
+    import copy
+
+    from tokenizers import processors
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+    from lacuna_unlearn.methods.alpha_edit import encode, lookup_token
+
+    plain_tok = AutoTokenizer.from_pretrained(tiny_lacuna.model_dir)
+    backend = copy.deepcopy(plain_tok.backend_tokenizer)
+    bos = plain_tok.eos_token_id  # standing in for a BOS
+    backend.post_processor = processors.TemplateProcessing(
+        single=f"{plain_tok.eos_token} $A", special_tokens=[(plain_tok.eos_token, bos)]
+    )
+    tok = PreTrainedTokenizerFast(tokenizer_object=backend, eos_token=plain_tok.eos_token)
+    text = "Q: Ann Lee, who lives in Paris. What is her Email Address?\nA:"
+    plain = plain_tok(text, add_special_tokens=False)["input_ids"]
+    assert encode(plain_tok, text) == plain and encode(tok, text) == [bos, *plain]
+    idx = subject_last_token(tok, text, "Ann Lee")
+    assert idx == subject_last_token(plain_tok, text, "Ann Lee") + 1
+    assert tok.decode(encode(tok, text)[1 : idx + 1]).endswith("Lee")
+    assert lookup_token(tok, text, "Ann Lee", "last") == len(plain)
+
+
 def _tiny(tiny_lacuna):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 

@@ -63,7 +63,7 @@ from lacuna_unlearn.methods.alpha_edit_keys import (
     with_templates,
 )
 from lacuna_unlearn.methods.settings import AlphaEditSettings
-from lacuna_unlearn.qa_encoding import continuation_ids
+from lacuna_unlearn.qa_encoding import continuation_ids, leading_special_ids
 
 __all__ = [
     "AlphaEditConfig",
@@ -190,7 +190,8 @@ def _hook(module: torch.nn.Module, fn: Callable[..., Any], pre: bool = False) ->
 
 
 def subject_last_token(tokenizer: Any, text: str, subject: str) -> int:
-    """Index of the last token of the last occurrence of ``subject`` in ``text`` (MEMIT's ``subject_last``)."""
+    """Index in :func:`encode` ``(text)`` of the last token of the last occurrence of ``subject`` (MEMIT's
+    ``subject_last``)."""
     start = text.rfind(subject)
     if start < 0:
         raise ValueError(f"AlphaEdit: subject {subject!r} does not occur in prompt {text!r}")
@@ -202,18 +203,25 @@ def subject_last_token(tokenizer: Any, text: str, subject: str) -> int:
     last = [i for i, (a, b) in enumerate(offsets) if a < end and b > a]
     if not last:
         raise ValueError(f"AlphaEdit: no token covers subject {subject!r} in {text!r}")
-    return last[-1]
+    return len(leading_special_ids(tokenizer, text)) + last[-1]
 
 
 def lookup_token(tokenizer: Any, text: str, subject: str, fact_token: str = "subject_last") -> int:
-    """Where keys and values are read: the subject's last token (LACUNA) or the prompt's last token (``last``)."""
+    """Where keys and values are read in :func:`encode` ``(text)``: the subject's last token (LACUNA) or the prompt's
+    last token (``last``)."""
     if fact_token == "last":
-        return len(tokenizer(text, add_special_tokens=False)["input_ids"]) - 1
+        return len(encode(tokenizer, text)) - 1
     return subject_last_token(tokenizer, text, subject)
 
 
+def encode(tokenizer: Any, text: str) -> list[int]:
+    """``text`` as the model reads it: the special tokens the tokenizer puts first (BOS, as MEMIT/AlphaEdit's code and
+    lm-eval tokenize), then the text's tokens (:func:`~lacuna_unlearn.qa_encoding.leading_special_ids`)."""
+    return leading_special_ids(tokenizer, text) + list(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
 def _ids(tokenizer: Any, text: str, device: torch.device) -> torch.Tensor:
-    return torch.tensor([tokenizer(text, add_special_tokens=False)["input_ids"]], device=device)
+    return torch.tensor([encode(tokenizer, text)], device=device)
 
 
 def _target_ids(tokenizer: Any, request: EditRequest) -> list[int]:
@@ -282,7 +290,7 @@ def compute_target_value(
     target = _target_ids(tokenizer, request)
     rewrites = []
     for text, subject in _contexts(request, cfg.context_templates):
-        prompt = tokenizer(text, add_special_tokens=False)["input_ids"]
+        prompt = encode(tokenizer, text)
         ids = torch.tensor([prompt + target], device=device)
         rewrites.append((ids, lookup_token(tokenizer, text, subject, cfg.fact_token), len(prompt)))
     kl_text = cfg.kl_prompt.format(request.subject)

@@ -15,6 +15,7 @@ from typing import Any, TypeVar
 import torch
 
 from lacuna_unlearn.methods.settings import AlphaEditSettings
+from lacuna_unlearn.qa_encoding import leading_special_ids
 
 AlphaEditSettingsT = TypeVar("AlphaEditSettingsT", bound=AlphaEditSettings)
 
@@ -31,7 +32,7 @@ __all__ = [
 ]
 
 #: Version of the cached second moments' fingerprint payload.
-_FORMAT_VERSION = 1
+_FORMAT_VERSION = 2  # 2: the texts start with the tokenizer's BOS
 
 
 #: ``module`` / ``block`` setting that asks the model anatomy (docs/anatomy.md): each layer's MLP output projection
@@ -111,10 +112,10 @@ def key_second_moments(
         raise ValueError("AlphaEdit: no preserved-knowledge text for the key covariance (cov_text / cov_files)")
     cfg = with_templates(model, cfg)
     device = next(model.parameters()).device
-    encoded = [
-        tokenizer(t, add_special_tokens=False, truncation=True, max_length=cfg.max_length)["input_ids"] for t in texts
-    ]
-    encoded = sorted((ids for ids in encoded if ids), key=len)  # similar lengths per batch: little padding
+    lead = leading_special_ids(tokenizer, texts[0])  # BOS, as the edit's own prompts start (alpha_edit.encode)
+    room = cfg.max_length - len(lead)
+    plain = [tokenizer(t, add_special_tokens=False, truncation=True, max_length=room)["input_ids"] for t in texts]
+    encoded = sorted((lead + ids for ids in plain if ids), key=len)  # similar lengths per batch: little padding
     if not encoded:
         raise ValueError("AlphaEdit: the preserved-knowledge texts tokenize to nothing")
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
