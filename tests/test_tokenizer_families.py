@@ -449,3 +449,31 @@ def test_unlearning_labels_are_the_tokens_the_evaluation_scores(family, tmp_path
         whole = tokenizer(prompt + text, add_special_tokens=False)["input_ids"]
         assert whole[: len(head)] == head
         assert ids[: len(whole) - len(head)] == whole[len(head) :], (family, name)
+
+
+@pytest.mark.parametrize("family", ["sentencepiece", "tekken"])
+def test_unlearning_trains_with_the_bos_of_the_tokenizer(family, family_dirs, tmp_path):
+    """A real ``Trainer`` run of IdkDPO (labels, its refusal side built from them, a reference model) on a tiny model
+    whose tokenizer adds a BOS: the manifest records it before every prompt, and the weights move."""
+    import json
+
+    import torch
+    from safetensors.torch import load_file
+    from transformers import AutoTokenizer
+
+    from lacuna_unlearn.methods import make_method
+    from lacuna_unlearn.trainer import TrainConfig, unlearn
+    from lacuna_unlearn.unlearn_data import split_rows
+
+    model_dir = family_dirs[family].model_dir
+    bos = AutoTokenizer.from_pretrained(model_dir).bos_token_id
+    data = load_data(None)
+    forget, retain = split_rows(data, "forget", "email")[:8], split_rows(data, "retain", "email")[:8]
+    out = unlearn(
+        model_dir, forget, retain, make_method("idk_dpo"), tmp_path / "idk",
+        train=TrainConfig(learning_rate=1e-3, max_steps=2, per_device_train_batch_size=4),
+    )  # fmt: skip
+    manifest = json.loads((Path(out) / "unlearn_manifest.json").read_text())
+    assert bos is not None and manifest["labels"]["leading_special_ids"] == [bos]
+    before, after = load_file(model_dir / "model.safetensors"), load_file(Path(out) / "model.safetensors")
+    assert any(not torch.equal(before[k], after[k]) for k in before)
