@@ -80,13 +80,17 @@ def _ids(tokenizer: Any, text: str, special_tokens: bool) -> list[int]:
 
 
 def continuation_ids(tokenizer: Any, prompt: str, text: str) -> list[int]:
-    """The tokens of ``text`` as it continues ``prompt`` (no special tokens): the tail of ``prompt + text`` tokenized as one text when
-    ``prompt`` alone tokenizes to its head (lm-eval's continuation), else ``text`` tokenized alone.
+    """The tokens of ``text`` as it continues ``prompt`` (no special tokens): the tail of ``prompt + text`` tokenized
+    as one text when ``prompt`` alone tokenizes to its head (lm-eval's continuation), else ``text`` tokenized alone.
 
     Why not always alone: a SentencePiece layout that prepends ``▁`` to every text it encodes (the Llama-2 /
     Mistral-7B-v0.1 ``tokenizer.json``) turns a lone `` answer`` into ``▁▁`` + ``answer``, tokens the model never
     sees after a prompt and the evaluation never scores (docs/unlearning.md). Elsewhere both agree."""
-    head = _ids(tokenizer, prompt, False)
+    return _continuation(tokenizer, prompt, _ids(tokenizer, prompt, False), text)
+
+
+def _continuation(tokenizer: Any, prompt: str, head: list[int], text: str) -> list[int]:
+    """:func:`continuation_ids` given ``head``, the prompt's own tokens."""
     whole = _ids(tokenizer, prompt + text, False)
     if len(whole) > len(head) and whole[: len(head)] == head:
         return whole[len(head) :]
@@ -96,7 +100,11 @@ def continuation_ids(tokenizer: Any, prompt: str, text: str) -> list[int]:
 def leading_special_ids(tokenizer: Any, text: str) -> list[int]:
     """The special tokens the tokenizer puts before ``text`` (BOS for Llama/Mistral, none for GPT-2-style BPE). A
     special token it appends (an EOS, with ``add_eos_token``) is not part of a prompt and is left out."""
-    plain, full = _ids(tokenizer, text, False), _ids(tokenizer, text, True)
+    return _leading(_ids(tokenizer, text, True), _ids(tokenizer, text, False))
+
+
+def _leading(full: list[int], plain: list[int]) -> list[int]:
+    """The tokens of ``full`` (a text tokenized with special tokens) before ``plain`` (the same without)."""
     for k in range(len(full) - len(plain) + 1):
         if full[k : k + len(plain)] == plain:
             return full[:k]
@@ -108,9 +116,9 @@ def encode_pair(tokenizer: Any, prompt: str, answer: str, fmt: QAFormat = UNLEAR
     :data:`IGNORE_INDEX` over the prompt. ``answer`` is taken verbatim (the caller adds its leading space/newline)."""
     if fmt.joint:
         return _encode_joint(tokenizer, prompt, answer, fmt)
-    lead = leading_special_ids(tokenizer, prompt) if fmt.special_tokens else []
     prompt_ids = _ids(tokenizer, prompt, False)
-    target = continuation_ids(tokenizer, prompt, answer)
+    lead = _leading(_ids(tokenizer, prompt, True), prompt_ids) if fmt.special_tokens else []
+    target = _continuation(tokenizer, prompt, prompt_ids, answer)
     if not target:
         raise ValueError(f"answer {answer.strip()!r} tokenizes to nothing")
     eos = getattr(tokenizer, "eos_token_id", None)
