@@ -148,8 +148,9 @@ def test_edit_on_a_two_layer_model_keeps_preserved_outputs_and_installs_the_targ
     ``Conv1D`` (the update is added transposed); ``module``/``block`` are ``auto`` (the model anatomy). The
     preserved text has fewer tokens than keys have dimensions, so its keys span a proper subspace; the edit must
     not change the edited module's output on any of them (to 1e-5), while the refusal becomes more likely."""
+    from lacuna_metrics.anatomy import is_transposed_module
     from lacuna_tasks.prompts import qa_text
-    from lacuna_unlearn.methods.alpha_edit_keys import edited_module, transposed, with_templates
+    from lacuna_unlearn.methods.alpha_edit_keys import edited_module, with_templates
 
     model, tok = _tiny(tiny_lacuna) if arch == "llama" else _tiny_gpt2(tiny_lacuna)
     forget, retain = tiny_email_rows
@@ -173,11 +174,11 @@ def test_edit_on_a_two_layer_model_keeps_preserved_outputs_and_installs_the_targ
     want = "model.layers.{}.mlp.down_proj" if arch == "llama" else "transformer.h.{}.mlp.c_proj"
     assert (resolved.module, resolved.block) == (want, want.split(".{}.")[0] + ".{}")
     edited = {layer: edited_module(model, resolved.module, layer) for layer in cfg.layers}
-    assert all(transposed(m) == (arch == "gpt2") for m in edited.values())
+    assert all(is_transposed_module(m) == (arch == "gpt2") for m in edited.values())
 
     def matrix(layer: int) -> torch.Tensor:  # d_out x d_in, however the module stores it
         weight = edited[layer].weight.detach()
-        return (weight.T if transposed(edited[layer]) else weight).double().clone()
+        return (weight.T if is_transposed_module(edited[layer]) else weight).double().clone()
 
     moments = key_second_moments(model, tok, preserved, cfg)
     keys = {}

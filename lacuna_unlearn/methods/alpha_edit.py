@@ -51,6 +51,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from lacuna_metrics.anatomy import is_transposed_module
 from lacuna_unlearn.methods.alpha_edit_keys import (
     AUTO,
     cached_second_moments,
@@ -59,7 +60,6 @@ from lacuna_unlearn.methods.alpha_edit_keys import (
     key_second_moments,
     module_at,
     preserved_texts,
-    transposed,
     with_templates,
 )
 from lacuna_unlearn.methods.settings import AlphaEditSettings
@@ -405,7 +405,7 @@ def apply_alpha_edit(
             update = alpha_edit_update(keys, residual, projectors[layer], previous[layer], cfg.l2)
             module = edited_module(model, cfg.module, layer)
             with torch.no_grad():  # update is d_out x d_in; a Conv1D stores its weight d_in x d_out
-                module.weight += (update.T if transposed(module) else update).to(module.weight)
+                module.weight += (update.T if is_transposed_module(module) else update).to(module.weight)
             stats[layer]["update_fro"] += float(update.norm())
         gap_after = float((z - _residual_stream(model, tokenizer, batch, cfg)).norm())
         reached.append(1.0 - gap_after / gap_before if gap_before > 0 else 1.0)

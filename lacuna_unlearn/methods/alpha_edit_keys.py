@@ -27,7 +27,6 @@ __all__ = [
     "key_second_moments",
     "module_at",
     "preserved_texts",
-    "transposed",
     "with_templates",
 ]
 
@@ -88,16 +87,11 @@ def edited_module(model: torch.nn.Module, template: str, layer: int) -> torch.nn
     return module
 
 
-def transposed(module: torch.nn.Module) -> bool:
-    """Whether the edited module stores its weight ``(d_in, d_out)`` (transformers ``Conv1D``, GPT-2)."""
+def input_dim(module: torch.nn.Module) -> int:
+    """d_in of the edited module: the length of its keys (a ``Conv1D`` stores its weight ``(d_in, d_out)``)."""
     from lacuna_metrics.anatomy import is_transposed_module
 
-    return is_transposed_module(module)
-
-
-def input_dim(module: torch.nn.Module) -> int:
-    """d_in of the edited module: the length of its keys."""
-    return int(module.weight.shape[0 if transposed(module) else 1])
+    return int(module.weight.shape[0 if is_transposed_module(module) else 1])
 
 
 def key_second_moments(
