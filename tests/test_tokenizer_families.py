@@ -477,3 +477,18 @@ def test_unlearning_trains_with_the_bos_of_the_tokenizer(family, family_dirs, tm
     assert bos is not None and manifest["labels"]["leading_special_ids"] == [bos]
     before, after = load_file(model_dir / "model.safetensors"), load_file(Path(out) / "model.safetensors")
     assert any(not torch.equal(before[k], after[k]) for k in before)
+
+
+@pytest.mark.parametrize("family", [*FAMILIES, "sentencepiece-legacy"])
+def test_alpha_edit_reads_prompts_as_the_tokenizer_encodes_them(family, tmp_path):
+    """AlphaEdit's prompt ids are the tokenizer's own encoding (its BOS included), and the subject's last token is
+    found in them: decoding up to it ends with the subject."""
+    from lacuna_unlearn.methods.alpha_edit import encode, lookup_token
+
+    tokenizer = make_tokenizer(family, tmp_path)
+    text = "Q: Ann Lee, who lives in Paris. What is her Email Address?\nA:"
+    ids = encode(tokenizer, text)
+    assert ids == tokenizer(text)["input_ids"], family
+    idx = lookup_token(tokenizer, text, "Ann Lee")
+    assert tokenizer.decode(ids[: idx + 1], skip_special_tokens=True).endswith("Ann Lee"), family
+    assert lookup_token(tokenizer, text, "Ann Lee", "last") == len(ids) - 1
