@@ -126,7 +126,8 @@ def encode_pair(tokenizer: Any, prompt: str, answer: str, fmt: QAFormat = UNLEAR
         target = [*target, _eos_id(tokenizer)]
     if fmt.truncation == "prompt_left":  # the leading special tokens stay: the prompt's text is cut after them
         if len(lead) + len(target) >= fmt.max_length:
-            raise ValueError(f"answer of {len(target)} tokens does not fit max_length={fmt.max_length}")
+            after = f" after {len(lead)} leading special token(s)" if lead else ""
+            raise ValueError(f"answer of {len(target)} tokens does not fit max_length={fmt.max_length}{after}")
         prompt_ids = lead + prompt_ids[-(fmt.max_length - len(lead) - len(target)) :]
         ids, labels = prompt_ids + target, [IGNORE_INDEX] * len(prompt_ids) + target
     else:

@@ -187,7 +187,11 @@ class QADataset(torch.utils.data.Dataset):
         for i, row in enumerate(rows):
             if not isinstance(row.get("question"), str) or not isinstance(row.get("answer"), str):
                 raise ValueError(f"{name or 'QA'} row {i}: needs string fields 'question' and 'answer'")
-            self.items.append(encode_qa(tokenizer, row["question"], row["answer"], max_length, append_eos=append_eos))
+            try:
+                item = encode_qa(tokenizer, row["question"], row["answer"], max_length, append_eos=append_eos)
+            except ValueError as exc:  # an empty or too long answer: name the row
+                raise ValueError(f"{name or 'QA'} row {i} ({row['question'][:60]!r}): {exc}") from None
+            self.items.append(item)
 
     def __len__(self) -> int:
         return len(self.items)

@@ -170,3 +170,9 @@ def test_continuation_is_the_answer_in_context_else_the_text_alone(tok):
     assert continuation_ids(tok, prompt, f" {ANSWER}\n") == ids(prompt + f" {ANSWER}\n")[len(ids(prompt)) :]
     assert ids("Par" + "is")[: len(ids("Par"))] != ids("Par")  # the boundary is inside a token
     assert continuation_ids(tok, "Par", "is") == ids("is")
+
+
+def test_a_row_whose_answer_does_not_fit_is_named(tok):
+    rows = [{"question": "Where was Bob born?", "answer": "Paris"}, {"question": QUESTION, "answer": ANSWER}]
+    with pytest.raises(ValueError, match=r"forget row 1 \('What is the email.*does not fit max_length=8"):
+        QADataset(rows, tok, max_length=8, name="forget")
