@@ -22,12 +22,12 @@ _TARGET = "lm_eval.tasks.manager"
 def lacuna_task_dir() -> str | None:
     """Our task YAML directory (None if lacuna_tasks is not importable or has no YAMLs).
 
-    ``lacuna_tasks.register.tasks_dir`` is the one lookup for both install kinds. It is imported here, not at
-    interpreter start: this runs only once lm-eval imports its task manager, and ``lacuna_tasks.register`` needs
+    ``lacuna_tasks.harness.register.tasks_dir`` is the one lookup for both install kinds. It is imported here, not at
+    interpreter start: this runs only once lm-eval imports its task manager, and ``lacuna_tasks.harness.register`` needs
     nothing but the standard library.
     """
     try:
-        from lacuna_tasks.register import tasks_dir
+        from lacuna_tasks.harness.register import tasks_dir
 
         return str(tasks_dir())
     except (ImportError, FileNotFoundError):
@@ -94,7 +94,7 @@ class _ManagerFinder:
             except Exception as exc:  # never break lm-eval because of our hook
                 import logging
 
-                logging.getLogger("lacuna_tasks.register").warning(
+                logging.getLogger("lacuna_tasks.harness.register").warning(
                     "lacuna-bench: could not register tasks with lm-eval (%s)", exc
                 )
 

@@ -1,7 +1,7 @@
 """Hatch build hook: editable installs get only the lm-eval autoload hook, not a copy of task_yamls/.
 
 A copy would go stale as the YAMLs are edited; editable installs read ``task_yamls/`` live from the
-checkout (see ``lacuna_tasks.register.tasks_dir``).
+checkout (see ``lacuna_tasks.harness.register.tasks_dir``).
 """
 
 from hatchling.builders.hooks.plugin.interface import BuildHookInterface

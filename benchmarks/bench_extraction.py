@@ -19,7 +19,7 @@ from pathlib import Path
 
 CHILD = """
 import json, sys, time
-from lacuna_tasks.evaluate import evaluate
+from lacuna_tasks.harness.evaluate import evaluate
 model, data, field, attempts, batch = sys.argv[1:6]
 t = time.perf_counter()
 out = evaluate(model, [f"lacuna_{field}_extraction"], data=data, metadata={"extraction_attempts": int(attempts)},

@@ -30,7 +30,7 @@ def main() -> None:
 
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from lacuna_metrics.behavior import greedy_generate
+    from lacuna_metrics.behaviour.probes import greedy_generate
     from lacuna_tasks.loader import load_data
     from lacuna_tasks.normalize import DEFAULT_JUDGE, judge_hit
     from lacuna_tasks.prompts import pick_icr_examples, probe_prompt

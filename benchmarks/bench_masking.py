@@ -28,9 +28,9 @@ def main() -> None:
     from transformers import Olmo2ForCausalLM
 
     from lacuna_metrics.masks import build_masks, named_shapes_of
-    from lacuna_unlearn.injection import StepBatches, StepPlan, mask_gradients, train_steps
-    from lacuna_unlearn.testbed import model_config
-    from lacuna_unlearn.testbed_presets import get_preset
+    from lacuna_unlearn.testbed.build import model_config
+    from lacuna_unlearn.testbed.injection import StepBatches, StepPlan, mask_gradients, train_steps
+    from lacuna_unlearn.testbed.presets import get_preset
 
     cfg = get_preset(args.preset)
     config = model_config(cfg, cfg.vocab_size, pad_id=0, eos_id=1)

@@ -54,13 +54,13 @@ def main() -> None:
     from accelerate import PartialState
     from transformers import TrainerCallback
 
-    from lacuna_unlearn.config import parse_overrides as _parse_overrides
-    from lacuna_unlearn.corpus import pack, testbed_corpus
-    from lacuna_unlearn.injection import NEUTRAL, StepPlan, train_steps
-    from lacuna_unlearn.qa_tuning import qa_tune
-    from lacuna_unlearn.testbed import _batches, _build_masks, _num_layers, _splits, _tokenizer_and_model
-    from lacuna_unlearn.testbed_presets import get_preset
-    from lacuna_unlearn.testbed_probes import memorization_test, robustness_test
+    from lacuna_unlearn.dataclass_config import parse_overrides as _parse_overrides
+    from lacuna_unlearn.testbed.build import _batches, _build_masks, _num_layers, _splits, _tokenizer_and_model
+    from lacuna_unlearn.testbed.corpus import pack, testbed_corpus
+    from lacuna_unlearn.testbed.injection import NEUTRAL, StepPlan, train_steps
+    from lacuna_unlearn.testbed.presets import get_preset
+    from lacuna_unlearn.testbed.probes import memorization_test, robustness_test
+    from lacuna_unlearn.testbed.qa_tuning import qa_tune
 
     cfg = get_preset(args.preset, **_parse_overrides(args.set))
     state = PartialState(cpu=True)

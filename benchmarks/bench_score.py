@@ -178,7 +178,7 @@ def child(kind: str, spec: dict) -> dict:
     _reset_peak_rss()
     import torch
 
-    from lacuna_metrics.checkpoints import Checkpoint
+    from lacuna_metrics.weights.checkpoints import Checkpoint
 
     torch.set_num_threads(os.cpu_count() or 1)
     started, cpu_started = time.perf_counter(), _cpu_seconds()
@@ -195,7 +195,7 @@ def child(kind: str, spec: dict) -> dict:
     elif kind == "read_hash":  # read every input once and fingerprint it, as the scorer's manifest must
         from concurrent.futures import ThreadPoolExecutor
 
-        from lacuna_metrics.checkpoints import file_fingerprint
+        from lacuna_metrics.weights.checkpoints import file_fingerprint
 
         with ThreadPoolExecutor(max_workers=1) as pool:
             masks = pool.submit(file_fingerprint, spec["masks"])  # one sequential digest, beside the others
@@ -205,7 +205,7 @@ def child(kind: str, spec: dict) -> dict:
             masks.result()
         out["params"] = sum(ck.info(n).numel for ck in pair for n in ck.names if not ck.is_alias(n))
     elif kind == "score":
-        from lacuna_metrics.localization import LocalizationConfig
+        from lacuna_metrics.localization.precision import LocalizationConfig
         from lacuna_metrics.score import score_pair
 
         config = LocalizationConfig(scores=tuple(spec["scores"]) if spec.get("scores") else None)

@@ -10,7 +10,7 @@ forget / retain-group people extractable and eligible by greedy QA on fresh mult
 robustness test (paraphrase and ICR probes: J_P / J_ICR and per-probe accuracy per split and field); and the
 full leak audit (trivial detectors and null updates x scoring families x targets). ``--existing`` prints the same
 tables for a testbed on disk; one built before the leak audit existed (manifest version 1) is audited on the spot
-(`lacuna_metrics.leak_audit.audit_testbed`). The masked/unmasked step-time ratio is `bench_masking.py`.
+(`lacuna_metrics.localization.leak_audit.audit_testbed`). The masked/unmasked step-time ratio is `bench_masking.py`.
 """
 
 from __future__ import annotations
@@ -99,7 +99,7 @@ def print_tables(out: Path, manifest: dict[str, Any]) -> None:
                 )
     audit = manifest.get("leak_audit")
     if audit is None:
-        from lacuna_metrics.leak_audit import audit_testbed
+        from lacuna_metrics.localization.leak_audit import audit_testbed
 
         print("\n(no leak audit in the manifest: auditing now)")
         audit = audit_testbed(out, seed=int(manifest.get("seed", 0)))

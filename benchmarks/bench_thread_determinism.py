@@ -22,10 +22,10 @@ def _child(preset: str, steps: int, out_dir: str) -> None:
 
     import torch
 
-    from lacuna_unlearn.corpus import pack
-    from lacuna_unlearn.injection import StepPlan, train_steps
-    from lacuna_unlearn.testbed import _batches, _tokenizer_and_model, testbed_corpus
-    from lacuna_unlearn.testbed_presets import get_preset
+    from lacuna_unlearn.testbed.build import _batches, _tokenizer_and_model, testbed_corpus
+    from lacuna_unlearn.testbed.corpus import pack
+    from lacuna_unlearn.testbed.injection import StepPlan, train_steps
+    from lacuna_unlearn.testbed.presets import get_preset
 
     cfg = get_preset(preset)
     torch.manual_seed(cfg.seed)

@@ -4,7 +4,7 @@
 
 Builds the same testbed (`lacuna build-testbed`, the full preset unless ``--set`` cuts it down) once per thread
 setting (``OMP_NUM_THREADS=N``; ``default`` = no variable, i.e. the package's own default
-from :func:`lacuna_metrics.threads.configure_threads`), first on the idle machine, then while one other process
+from :func:`lacuna_metrics.weights.threads.configure_threads`), first on the idle machine, then while one other process
 keeps one core busy (a single-threaded numpy loop). Prints wall seconds, the masked-injection stage's seconds,
 and each row's ratio against the first one-thread build of the same run (the idle one when idle is measured).
 """

@@ -7,7 +7,7 @@ few nanoseconds per scalar. Every kernel has a plain-numpy definition it must ma
 and releases the GIL so block reading (another thread) overlaps with it.
 
 Keys: a float32 score maps to the int32 ``key`` that orders like the float (−0 and +0 equal), exactly as
-:func:`lacuna_metrics.auc.signed_keys`; histogram bin = ``(key >> shift) + 2**(bits − 1)``.
+:func:`lacuna_metrics.localization.auc.signed_keys`; histogram bin = ``(key >> shift) + 2**(bits − 1)``.
 """
 
 from __future__ import annotations
@@ -529,7 +529,7 @@ def _sort_key(bits):  # pragma: no cover - compiled
     """uint32-range sort key of float32 raw ``bits`` (int32): ``2**31 + bits`` if ≥ 0, else ``−bits``.
 
     Strictly increasing in the float (NaNs by their raw bits), −0 and +0 both ``2**31``: it is
-    :func:`lacuna_metrics.auc.signed_keys` ``+ 2**31``, plus 1 for negatives, so that its low 16 bits are
+    :func:`lacuna_metrics.localization.auc.signed_keys` ``+ 2**31``, plus 1 for negatives, so that its low 16 bits are
     zero exactly when the float's are, for either sign.
     """
     k = np.int64(bits)

@@ -11,7 +11,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from lacuna_metrics.auc import TARGETS
+from lacuna_metrics.localization.auc import TARGETS
 from lacuna_metrics.report_plots import roc_series, write_field_plots, write_plots
 from lacuna_metrics.report_tables import (
     SEED_COLUMNS,

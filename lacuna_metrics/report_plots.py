@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from lacuna_metrics.auc import TARGETS
+from lacuna_metrics.localization.auc import TARGETS
 from lacuna_metrics.manifest import save_figure
 
 __all__ = ["roc_series", "write_field_plots", "write_plots"]

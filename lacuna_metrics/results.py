@@ -5,9 +5,9 @@ Every reader and writer of ``results.json`` / ``score.json`` / lm-eval results (
 so a metric or a schema bump is declared once. The task suffixes are those of the per-field lm-eval tasks
 ``lacuna_<field>_<suffix>`` (docs/tasks.md).
 
-lm-eval results files are read by one reader, :mod:`lacuna_tasks.lm_eval_results` (re-exported here: which file a
+lm-eval results files are read by one reader, :mod:`lacuna_tasks.harness.results` (re-exported here: which file a
 directory means, how ``metric,filter`` keys are read; docs/ci.md). It lives in ``lacuna_tasks`` because
-``lacuna_tasks.evaluate`` needs it too.
+``lacuna_tasks.harness.evaluate`` needs it too.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from lacuna_tasks.lm_eval_results import (
+from lacuna_tasks.harness.results import (
     LmEvalResultsError,
     find_lm_eval_results,
     metric_value,

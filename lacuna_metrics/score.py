@@ -1,9 +1,9 @@
 """``score_pair``: everything the weight-diff sidecar knows about one before/after checkpoint pair.
 
-One streaming walk over the checkpoints (:class:`lacuna_metrics.pair_walk.PairWalk`) feeds three consumers:
-localization AUCs against the ground-truth masks (:mod:`lacuna_metrics.localization`), FRAG
-(:mod:`lacuna_metrics.frag`, with activation statistics of the before-model cached on disk) and distances
-(:mod:`lacuna_metrics.distance`). The result is one JSON-ready dict with a versioned schema
+One streaming walk over the checkpoints (:class:`lacuna_metrics.weights.pair_walk.PairWalk`) feeds three consumers:
+localization AUCs against the ground-truth masks (:mod:`lacuna_metrics.localization.precision`), FRAG
+(:mod:`lacuna_metrics.frag.alignment`, with activation statistics of the before-model cached on disk) and distances
+(:mod:`lacuna_metrics.frag.distance`). The result is one JSON-ready dict with a versioned schema
 (documented in the README, "Score JSON"); ``lacuna score`` writes it with a markdown summary and plots.
 """
 
@@ -19,13 +19,13 @@ from typing import Any
 
 import torch
 
-from lacuna_metrics.checkpoints import Checkpoint, check_compatible
-from lacuna_metrics.localization import Localization, LocalizationConfig
+from lacuna_metrics.localization.precision import Localization, LocalizationConfig
 from lacuna_metrics.manifest import build_manifest
-from lacuna_metrics.mask_files import Verification
 from lacuna_metrics.masks import MaskError, MaskReader
-from lacuna_metrics.pair_walk import PairHook, PairWalk
+from lacuna_metrics.masks.files import Verification
 from lacuna_metrics.results import SCHEMAS
+from lacuna_metrics.weights.checkpoints import Checkpoint, check_compatible
+from lacuna_metrics.weights.pair_walk import PairHook, PairWalk
 from lacuna_tasks.logs import progress as progress_bar
 
 __all__ = ["SCHEMA", "SCHEMA_VERSION", "default_cache_dir", "score_pair", "score_to_dir"]
@@ -130,7 +130,7 @@ def score_pair(
     check_compatible(ckpts)
     will_frag = frag and forget_source is not None and retain_source is not None
     if will_frag:
-        from lacuna_metrics.activations import calibration_fields, calibration_texts, frag_preflight
+        from lacuna_metrics.frag.activations import calibration_fields, calibration_texts, frag_preflight
 
         forget_fields = calibration_fields(calib_fields)
         retain_fields = calibration_fields(calib_retain_fields) if calib_retain_fields is not None else forget_fields
@@ -169,14 +169,14 @@ def score_pair(
     if mask_reader is not None and check_first:
         masks_model = _masks_model(mask_reader, named("before"), allow_mask_mismatch, warn)
 
-    from lacuna_metrics.distance import DistanceAccumulator
+    from lacuna_metrics.frag.distance import DistanceAccumulator
 
     distance = DistanceAccumulator()
     walk.add_hook(distance.add)
     frag_acc, frag_section, stats = None, None, None
     if will_frag:
-        from lacuna_metrics.activations import activation_stats
-        from lacuna_metrics.frag import FragAccumulator
+        from lacuna_metrics.frag.activations import activation_stats
+        from lacuna_metrics.frag.alignment import FragAccumulator
 
         stats = activation_stats(
             ckpts["before"].path,
@@ -330,11 +330,11 @@ def _null_calibration(
     config: LocalizationConfig,
     tolerance: float,
 ) -> dict[str, Any]:
-    """The null-calibrated AUCs (lacuna_metrics.null_calibration) of this score. The null updates' AUCs come from
+    """The null-calibrated AUCs (lacuna_metrics.localization.null_calibration) of this score. The null updates' AUCs come from
     the testbed's leak audit when it scored the same ``before`` and masks (recorded in its manifest), else they are
     computed here: each null update (seeded, docs/scoring.md "Null calibration") through the same scorer."""
-    from lacuna_metrics.leak_audit import NULL_KINDS, recorded_nulls_apply, score_null_updates, stored_as
-    from lacuna_metrics.null_calibration import DEFAULT_NULL_SCALES, calibrate
+    from lacuna_metrics.localization.leak_audit import NULL_KINDS, recorded_nulls_apply, score_null_updates, stored_as
+    from lacuna_metrics.localization.null_calibration import DEFAULT_NULL_SCALES, calibrate
 
     if not 0.0 < float(tolerance) < 0.5:
         raise ValueError(f"null-AUC tolerance must be in (0, 0.5), got {tolerance!r}")

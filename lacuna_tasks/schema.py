@@ -16,7 +16,7 @@ QA_COLUMNS: tuple[str, ...] = ("ID", "question", "answer", "field", "group_id")
 
 #: Split names of a LACUNA data directory.
 #: Held-out neutral prose a testbed keeps in ``data/`` (never trained on) and the lm-eval task that reads it
-#: (lacuna_tasks.perplexity, docs/tasks.md).
+#: (lacuna_tasks.harness.perplexity, docs/tasks.md).
 NEUTRAL_HELDOUT_FILE = "neutral_heldout.jsonl"
 NEUTRAL_PPL_TASK = "lacuna_neutral_ppl"
 

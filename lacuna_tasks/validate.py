@@ -1,7 +1,7 @@
 """Relations between the rows and splits of a LACUNA data directory, checked when it is loaded.
 
 :func:`lacuna_tasks.schema.validate_rows` checks each QA row on its own. This module checks what the
-rows say about each other: the relations :func:`lacuna_tasks.splits.build_splits` creates and the
+rows say about each other: the relations :func:`lacuna_tasks.synth.splits.build_splits` creates and the
 released LACUNA datasets follow (the split invariants are also pinned by ``tests/test_generate.py``):
 
 * keys: ``profiles`` has one row per ``Unique ID``; ``forget``, ``retain``, ``forget_paraphrased``,

@@ -29,9 +29,9 @@ class TinyLacuna:
 def tiny_lacuna(tmp_path_factory) -> TinyLacuna:
     from tiny_lm import train_memorizing_lm
 
-    from lacuna_tasks.generate import bio_texts, build_splits, generate_profiles, write_dataset
     from lacuna_tasks.prompts import PARAPHRASES, qa_prompt, qa_text, stable_rng
-    from lacuna_unlearn.tokenizer import train_tokenizer
+    from lacuna_tasks.synth.generate import bio_texts, build_splits, generate_profiles, write_dataset
+    from lacuna_unlearn.testbed.tokenizer import train_tokenizer
 
     root = tmp_path_factory.mktemp("tiny_lacuna")
     profiles = generate_profiles(48, seed=7)
@@ -66,7 +66,7 @@ def smoke_testbed(tmp_path_factory) -> Path:
     smoke``) instead: for local runs of a few tests; CI leaves it unset and builds one."""
     import shutil
 
-    from lacuna_unlearn.testbed import build_testbed
+    from lacuna_unlearn.testbed.build import build_testbed
 
     out = tmp_path_factory.mktemp("testbeds") / "smoke"
     prebuilt = os.environ.get("LACUNA_TEST_SMOKE_TESTBED")
@@ -93,8 +93,8 @@ def forget_nll():
     """``forget_nll(model_dir, rows)``: mean answer-token NLL of a saved checkpoint on QA rows (no grad)."""
     import torch
 
-    from lacuna_unlearn.losses import nll_loss
-    from lacuna_unlearn.unlearn_data import QADataset, collate_forget_retain
+    from lacuna_unlearn.methods.losses import nll_loss
+    from lacuna_unlearn.trainer.unlearn_data import QADataset, collate_forget_retain
 
     def compute(model_dir, rows) -> float:
         from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -115,10 +115,10 @@ def leak_and_nll():
     answer NLL of a saved checkpoint on QA rows."""
     import torch
 
-    from lacuna_metrics.behavior import extraction_hits
+    from lacuna_metrics.behaviour.probes import extraction_hits
     from lacuna_tasks.prompts import probe_prompt
-    from lacuna_unlearn.losses import nll_loss
-    from lacuna_unlearn.unlearn_data import QADataset, collate_forget_retain
+    from lacuna_unlearn.methods.losses import nll_loss
+    from lacuna_unlearn.trainer.unlearn_data import QADataset, collate_forget_retain
 
     def compute(model_dir, rows) -> tuple[float, float]:
         from transformers import AutoModelForCausalLM, AutoTokenizer

@@ -7,7 +7,7 @@ import logging
 import sys
 from typing import Any
 
-from lacuna_metrics.gate import add_arguments, run
+from lacuna_unlearn.bench.gate.command import add_arguments, run
 
 
 class _Stderr(logging.Handler):
@@ -22,7 +22,7 @@ def gate(*argv: Any) -> int:
     """``lacuna gate ARGV`` in this process: its exit code; output on the captured stdout/stderr."""
     p = argparse.ArgumentParser()
     add_arguments(p)
-    logger = logging.getLogger("lacuna_metrics.gate")
+    logger = logging.getLogger("lacuna_unlearn.bench.gate.command")
     handler, level, propagate = _Stderr(), logger.level, logger.propagate
     logger.addHandler(handler)
     logger.setLevel(logging.INFO)

@@ -2,7 +2,7 @@
 family the issue names, each run through the model anatomy, ``lacuna score`` (FRAG coverage, distances, and
 localization with masks built by ``lacuna_metrics.masks`` for that model) and ``lacuna-unlearn`` (a gradient
 method restricted to the forget mask, and LoRA). One model per architecture is shared by all checks (module-scoped
-fixtures); the CLIs run in-process (``lacuna_unlearn.cli.main`` and the Hydra app's ``run``) to keep the matrix
+fixtures); the CLIs run in-process (``lacuna_unlearn.bench.cli.main.main`` and the Hydra app's ``run``) to keep the matrix
 to a few minutes on two cores. See docs/anatomy.md.
 """
 
@@ -21,9 +21,9 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from lacuna_metrics.anatomy import PROJECTION_WEIGHT_PATTERN, checkpoint_anatomy, classify_name, model_anatomy
-from lacuna_metrics.checkpoints import Checkpoint
 from lacuna_metrics.masks import build_masks, component, load_masks, named_shapes_of, save_masks
+from lacuna_metrics.weights.anatomy import PROJECTION_WEIGHT_PATTERN, checkpoint_anatomy, classify_name, model_anatomy
+from lacuna_metrics.weights.checkpoints import Checkpoint
 
 VOCAB = 320
 HIDDEN = 32
@@ -94,9 +94,9 @@ class World:
 @pytest.fixture(scope="module")
 def world(tmp_path_factory) -> World:
     """A small LACUNA dataset and a byte-level BPE tokenizer trained on it (seconds, no network)."""
-    from lacuna_tasks.generate import build_splits, generate_profiles, write_dataset
     from lacuna_tasks.prompts import qa_text
-    from lacuna_unlearn.tokenizer import train_tokenizer
+    from lacuna_tasks.synth.generate import build_splits, generate_profiles, write_dataset
+    from lacuna_unlearn.testbed.tokenizer import train_tokenizer
 
     root = tmp_path_factory.mktemp("architectures")
     profiles = generate_profiles(24, seed=3)
@@ -151,7 +151,7 @@ def arch(request, world) -> Arch:
 
 
 def _score(world: World, arch: Arch, out: Path, after: Path, *args: str) -> dict[str, Any]:
-    from lacuna_unlearn.cli import main
+    from lacuna_unlearn.bench.cli.main import main
 
     code = main(
         [
@@ -167,7 +167,7 @@ def _score(world: World, arch: Arch, out: Path, after: Path, *args: str) -> dict
 def _unlearn(world: World, arch: Arch, out: Path, *overrides: str) -> Path:
     from hydra import compose, initialize_config_module
 
-    from lacuna_unlearn.train import run
+    from lacuna_unlearn.trainer.app import run
 
     with initialize_config_module(config_module="lacuna_unlearn.configs", version_base="1.3"):
         cfg = compose(
@@ -321,13 +321,13 @@ def test_alpha_edit_finds_and_edits_the_mlp_output_projection(world, arch):
     GPT-2, Qwen2-MoE's shared expert); the closed-form edit runs and moves every edited layer's weight."""
     from lacuna_tasks.loader import load_data
     from lacuna_tasks.prompts import qa_text
-    from lacuna_unlearn.methods.alpha_edit import (
+    from lacuna_unlearn.methods.alpha_edit.edit import (
         AlphaEditConfig,
         apply_alpha_edit,
         edit_requests,
         key_second_moments,
     )
-    from lacuna_unlearn.methods.alpha_edit_keys import edited_module, with_templates
+    from lacuna_unlearn.methods.alpha_edit.keys import edited_module, with_templates
 
     cfg = AlphaEditConfig(
         layers=list(range(LAYERS)), fact_token="last", v_num_grad_steps=3, batch_size=1, kl_factor=0.0625,
@@ -390,12 +390,12 @@ def _logits_with_mlp_inputs(
 
 def test_task_pack_runs(world, arch):
     """``lacuna_email`` (its nine QA, paraphrase, ICR, worst-case and memorization tasks) through lm-eval's
-    evaluator on the architecture (``lacuna_tasks.evaluate``: ``simple_evaluate`` with the hf model and the tasks
+    evaluator on the architecture (``lacuna_tasks.harness.evaluate``: ``simple_evaluate`` with the hf model and the tasks
     the CLI runs; the CLI itself runs per tokenizer family in tests/test_tokenizer_families.py)."""
     import yaml
 
-    from lacuna_tasks.evaluate import evaluate
-    from lacuna_tasks.register import tasks_dir
+    from lacuna_tasks.harness.evaluate import evaluate
+    from lacuna_tasks.harness.register import tasks_dir
 
     members = yaml.safe_load((tasks_dir() / "lacuna_email.yaml").read_text())["task"]
     results = evaluate(arch.before, ["lacuna_email"], data=world.data_dir, limit=2, batch_size=4)["results"]
@@ -435,7 +435,7 @@ def _tiny(world: World, name: str) -> torch.nn.Module:
 @pytest.mark.parametrize("name", ["mixtral", "qwen2_moe"])
 def test_fused_expert_norms_match_an_eager_reference(world, name, monkeypatch):
     """Per expert, x of gate_up_proj / down_proj equals the inputs transformers' own eager loop feeds each expert."""
-    from lacuna_metrics.activations import calibration_texts, collect_input_norms
+    from lacuna_metrics.frag.activations import calibration_texts, collect_input_norms
 
     model = _tiny(world, name)
     texts = calibration_texts(world.data_dir, "forget", 3)
@@ -475,7 +475,7 @@ def test_fused_expert_norms_match_an_eager_reference(world, name, monkeypatch):
 def test_frag_on_fused_experts_equals_frag_on_their_slices():
     """A fused [E, out, in] tensor (or [E, in, out]) with x [E, in] scores exactly as its E matrices side by side,
     whatever the expert blocks it is fed in."""
-    from lacuna_metrics.frag import FragAccumulator
+    from lacuna_metrics.frag.alignment import FragAccumulator
 
     gen = torch.Generator().manual_seed(0)
     w = torch.randn(4, 6, 5, generator=gen)
@@ -508,7 +508,7 @@ def test_frag_on_fused_experts_equals_frag_on_their_slices():
 def test_checkpoint_names_take_the_fused_experts_vectors(world):
     """transformers 5 saves Mixtral's fused experts as block_sparse_moe.experts.E.w1/w2/w3: each gets row E of the
     fused parameter's vector (w1, w3: gate_up_proj's input; w2: down_proj's)."""
-    from lacuna_metrics.activations import activation_stats, calibration_texts, collect_input_norms
+    from lacuna_metrics.frag.activations import activation_stats, calibration_texts, collect_input_norms
 
     model = _tiny(world, "mixtral")
     path = world.root / "mixtral_names"
@@ -542,7 +542,7 @@ def llama(world) -> Path:
 
 
 def _cli(world: World, before: Path, out: Path, *args: str) -> int:
-    from lacuna_unlearn.cli import main
+    from lacuna_unlearn.bench.cli.main import main
 
     return main(
         [
@@ -604,8 +604,8 @@ def test_bad_inputs_fail_in_one_line_without_a_score(world, llama, capsys):
 def test_fused_and_per_expert_checkpoints_score_the_same_frag(world):
     """The same Mixtral pair saved per expert (transformers 5 save_pretrained) and with the experts fused (3-D
     tensors on disk): both are fully covered and give the same FRAG."""
-    from lacuna_metrics.activations import activation_stats, calibration_texts
-    from lacuna_metrics.frag import frag_score
+    from lacuna_metrics.frag.activations import activation_stats, calibration_texts
+    from lacuna_metrics.frag.alignment import frag_score
 
     model = _tiny(world, "mixtral")
     gen = torch.Generator().manual_seed(2)
@@ -642,7 +642,7 @@ def test_tokenizer_without_eos_or_pad_is_refused_before_the_model_loads(world, l
     """lacuna-unlearn pads its batches with the pad token (EOS if none): a tokenizer with neither is a one-line
     error naming the checkpoint, and nothing is written. lacuna score reads no special token (FRAG tokenizes each
     calibration text alone, unpadded), so it scores such a checkpoint."""
-    from lacuna_unlearn.cli import main as lacuna_main
+    from lacuna_unlearn.bench.cli.main import main as lacuna_main
 
     bare = tmp_path / "bare"
     shutil.copytree(llama, bare)

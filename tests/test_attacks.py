@@ -11,12 +11,12 @@ from pathlib import Path
 import pytest
 
 from lacuna_tasks.loader import load_data
-from lacuna_unlearn.relearn_rows import SOURCES, attack_rows, holdout, unrelated_qa
-from lacuna_unlearn.unlearn_data import split_rows
+from lacuna_unlearn.trainer.relearn_rows import SOURCES, attack_rows, holdout, unrelated_qa
+from lacuna_unlearn.trainer.unlearn_data import split_rows
 
 
 def _app(*overrides: str, cwd: Path) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "lacuna_unlearn.train", *overrides]
+    cmd = [sys.executable, "-m", "lacuna_unlearn.trainer.app", *overrides]
     return subprocess.run(cmd, capture_output=True, text=True, cwd=cwd, check=False)
 
 
@@ -140,7 +140,7 @@ def test_attack_needs_a_model(tiny_lacuna, tmp_path):
 
 
 def test_resurfacing_sets_follow_the_spec():
-    from lacuna_unlearn.attacks import resurfacing
+    from lacuna_unlearn.bench.attacks import resurfacing
 
     unlearned = {"a": True, "b": False, "c": False, "d": False}
     relearned = {"a": True, "b": True, "c": False, "d": True}
@@ -155,7 +155,7 @@ def test_resurfacing_sets_follow_the_spec():
 
 def test_attack_end_to_end_on_the_smoke_testbed(smoke_testbed, tmp_path):
     """Unlearn (grad_ascent), then `lacuna attack` relearns on the forget rows: leaks come back."""
-    from lacuna_unlearn.cli import main
+    from lacuna_unlearn.bench.cli.main import main
 
     unlearned = tmp_path / "ga"
     proc = _app(
@@ -210,7 +210,7 @@ def test_relearning_leaves_the_input_embeddings_bit_identical(tiny_lacuna, tmp_p
     import torch
     from safetensors.torch import load_file
 
-    from lacuna_unlearn.train import run
+    from lacuna_unlearn.trainer.app import run
 
     out = tmp_path / f"{preset}_{freeze}"
     cfg = _compose(
@@ -242,8 +242,8 @@ def test_the_optimizer_refuses_a_frozen_embedding(tiny_lacuna, tmp_path):
     from transformers import AutoModelForCausalLM, TrainingArguments
 
     from lacuna_unlearn.methods import make_method
-    from lacuna_unlearn.restrict import check_optimizer, param_groups, parse_restriction
-    from lacuna_unlearn.trainer import UnlearnTrainer, freeze_input_embeddings
+    from lacuna_unlearn.trainer.loop import UnlearnTrainer, freeze_input_embeddings
+    from lacuna_unlearn.trainer.restrict import check_optimizer, param_groups, parse_restriction
 
     model = AutoModelForCausalLM.from_pretrained(tiny_lacuna.model_dir)
     frozen = freeze_input_embeddings(model)

@@ -9,7 +9,7 @@ import pytest
 import torch
 from sklearn.metrics import roc_auc_score
 
-from lacuna_metrics.auc import (
+from lacuna_metrics.localization.auc import (
     TARGETS,
     StreamingAUC,
     binned_auc,

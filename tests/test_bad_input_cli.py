@@ -2,7 +2,7 @@
 
 Each case asserts the exit code, no traceback, the culprit (file, key, tensor) named on stderr in one line, and
 nothing half-written: no output file or directory, no ``.partial`` or ``.staging-*`` left behind, the inputs
-untouched. Cases run in-process through :func:`lacuna_unlearn.cli.main` (the code the ``lacuna`` script runs) on
+untouched. Cases run in-process through :func:`lacuna_unlearn.bench.cli.main.main` (the code the ``lacuna`` script runs) on
 real files: tiny safetensors checkpoints with a config, real mask files, real LACUNA data directories. Six run
 the console script in a subprocess to prove the no-traceback property end to end, and two go through the real
 ``lm_eval`` command. ``SHOW_ERRORS=1 pytest -s -k refused`` prints every message with its time.
@@ -31,9 +31,9 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from lacuna_metrics.checkpoints import Checkpoint
 from lacuna_metrics.masks import MaskSet, build_masks, save_masks
-from lacuna_unlearn.cli import main
+from lacuna_metrics.weights.checkpoints import Checkpoint
+from lacuna_unlearn.bench.cli.main import main
 
 BIN = Path(sys.executable).parent
 LAYERS = 2
@@ -83,7 +83,7 @@ def _rewrite_mask_metadata(src: Path, dest: Path, **changes: str) -> Path:
 
 
 def _lacuna_data(root: Path) -> Path:
-    from lacuna_tasks.generate import build_splits, generate_profiles, write_dataset
+    from lacuna_tasks.synth.generate import build_splits, generate_profiles, write_dataset
 
     profiles = generate_profiles(48, seed=7)
     splits = build_splits(profiles, seed=7, people_per_field=8, validation_people=4)
@@ -629,7 +629,7 @@ def test_bad_input_is_refused(case_id, inputs, tmp_path, capsys, monkeypatch):
     for culprit in case.named(inputs, out):
         assert culprit in err, (culprit, err[-2000:])
     lines = err.strip().splitlines()
-    if case_id == "malformed-yaml/run-config":  # lacuna run's YAML error quotes the line (lacuna_unlearn/run.py)
+    if case_id == "malformed-yaml/run-config":  # lacuna run's YAML error quotes the line (lacuna_unlearn/bench/run.py)
         lines = lines[:1]
     assert len(lines) == 1 and "error" in lines[0] and len(lines[0]) < 1200, err[-3000:]  # one line
     assert not _left_behind(out), _left_behind(out)
@@ -683,7 +683,7 @@ def _tiny_hf_model(root: Path) -> Path:
     """A randomly initialised tiny Llama with a locally trained tokenizer: enough for lm-eval to start."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from lacuna_unlearn.tokenizer import train_tokenizer
+    from lacuna_unlearn.testbed.tokenizer import train_tokenizer
 
     tokenizer = train_tokenizer(["Q: What is the email of Ann?\nA: ann@example.com\n"] * 4, vocab_size=300)
     config = LlamaConfig(
@@ -762,7 +762,7 @@ def test_score_records_whether_the_masks_belong_to_before(masks, extra, status, 
 def test_a_per_person_metric_without_observation_is_null_not_nan(inputs, tmp_path, capsys):
     """``--limit 4`` on the worst-case task runs plain probes only: j_icr has no observation. It is None (JSON
     null), which ``lacuna gate`` reports as MISSING, not NaN (which is not JSON and poisons every mean)."""
-    from lacuna_tasks.lm_eval_hooks import per_person_any, process_generation
+    from lacuna_tasks.harness.hooks import per_person_any, process_generation
 
     docs = [{"kind": "worstcase", "side": "forget", "setting": "plain", "person": "p0", "answer": "a@b.c",
              "field": "email"}] * 4  # fmt: skip
@@ -778,7 +778,7 @@ def test_a_per_person_metric_without_observation_is_null_not_nan(inputs, tmp_pat
 
 
 def test_paraphrased_splits_are_read_as_their_side(inputs):
-    from lacuna_tasks.lm_eval_hooks import build_docs
+    from lacuna_tasks.harness.hooks import build_docs
     from lacuna_tasks.loader import load_data
     from lacuna_tasks.schema import LacunaDataError
 

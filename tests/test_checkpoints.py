@@ -1,4 +1,4 @@
-"""Tests for lacuna_metrics.checkpoints: layouts, dtypes, row blocks, tied weights, pairing, malformed files."""
+"""Tests for lacuna_metrics.weights.checkpoints: layouts, dtypes, row blocks, tied weights, pairing, malformed files."""
 
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from lacuna_metrics.checkpoints import Checkpoint, CheckpointError, TensorInfo, check_compatible
-from lacuna_metrics.pair_walk import PairWalk
+from lacuna_metrics.weights.checkpoints import Checkpoint, CheckpointError, TensorInfo, check_compatible
+from lacuna_metrics.weights.pair_walk import PairWalk
 
 DTYPES = [torch.bfloat16, torch.float16, torch.float32]
 DTYPE_IDS = ["bf16", "fp16", "fp32"]
@@ -736,7 +736,7 @@ def test_walk_streamed_fingerprints_equal_the_hashed_ones(tmp_path, layout, thre
 
 
 def test_streamed_fingerprint_hashes_unseen_or_disordered_tensors_from_the_file(tmp_path):
-    from lacuna_metrics.pair_walk import StreamedFingerprint
+    from lacuna_metrics.weights.pair_walk import StreamedFingerprint
 
     save_file(_tensors(torch.bfloat16, seed=3), str(tmp_path / "model.safetensors"))
     expected = Checkpoint(tmp_path).fingerprint()
@@ -750,7 +750,7 @@ def test_streamed_fingerprint_hashes_unseen_or_disordered_tensors_from_the_file(
     assert streamed.finish() == expected  # every other tensor was never fed
 
 
-# -- the pair walk (lacuna_metrics.pair_walk) -------------------------------------------------------
+# -- the pair walk (lacuna_metrics.weights.pair_walk) -------------------------------------------------------
 
 
 def _walk_pair_files(tmp_path):
@@ -857,7 +857,7 @@ def test_block_reads_of_a_64mb_tensor_keep_rss_low(tmp_path):
         """
         import resource, sys
         import torch
-        from lacuna_metrics.checkpoints import Checkpoint
+        from lacuna_metrics.weights.checkpoints import Checkpoint
 
         ckpt = Checkpoint(sys.argv[1])
         rows, cols = ckpt.shape("w")

@@ -14,7 +14,9 @@ from lacuna_tasks.loader import load_data
 
 
 def _lacuna(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "lacuna_unlearn.cli", *args], capture_output=True, text=True)
+    return subprocess.run(
+        [sys.executable, "-m", "lacuna_unlearn.bench.cli.main", *args], capture_output=True, text=True
+    )
 
 
 def test_data_generate_command(tmp_path):

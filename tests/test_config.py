@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from lacuna_unlearn.config import config_choices, parse_overrides, preset_names
+from lacuna_unlearn.dataclass_config import config_choices, parse_overrides, preset_names
 
 #: Every preset as the hand-written dicts/dataclasses of the previous release returned it (captured before the
 #: presets became YAML files), updated only where a preset changed on purpose (testbed mini: training-only question
@@ -21,7 +21,7 @@ SNAPSHOT = json.loads((Path(__file__).with_name("config_presets_snapshot.json"))
 
 
 def test_run_presets_equal_the_previous_release():
-    from lacuna_unlearn.run_config import PRESETS, load_run_config
+    from lacuna_unlearn.bench.run_config import PRESETS, load_run_config
 
     assert set(SNAPSHOT["run"]) <= set(PRESETS)
     for name, before in SNAPSHOT["run"].items():
@@ -34,7 +34,7 @@ def test_run_presets_equal_the_previous_release():
 
 
 def test_testbed_presets_equal_the_previous_release():
-    from lacuna_unlearn.testbed_presets import PRESETS, get_preset
+    from lacuna_unlearn.testbed.presets import PRESETS, get_preset
 
     assert sorted(PRESETS) == sorted(SNAPSHOT["testbed"]) == preset_names("testbed")
     for name, before in SNAPSHOT["testbed"].items():
@@ -44,9 +44,9 @@ def test_testbed_presets_equal_the_previous_release():
 def test_presets_hold_only_what_differs_from_the_dataclass_defaults():
     import yaml
 
-    from lacuna_unlearn.config import PRESET_DIR
-    from lacuna_unlearn.run_config import RunConfig
-    from lacuna_unlearn.testbed_presets import TestbedConfig
+    from lacuna_unlearn.bench.run_config import RunConfig
+    from lacuna_unlearn.dataclass_config import PRESET_DIR
+    from lacuna_unlearn.testbed.presets import TestbedConfig
 
     defaults = TestbedConfig(name="x").to_dict()
     for file in (PRESET_DIR / "testbed").glob("*.yaml"):
@@ -69,7 +69,7 @@ def test_override_grammar_is_hydras_and_reads_json():
 
 
 def test_overrides_and_files_are_typed_strictly():
-    from lacuna_unlearn.run_config import load_run_config
+    from lacuna_unlearn.bench.run_config import load_run_config
 
     cfg = load_run_config(preset="smoke", overrides=parse_overrides(["regime.tau_rev=1", "methods.rmu=['a=1']"]))
     assert cfg["regime"]["tau_rev"] == 1.0 and isinstance(cfg["regime"]["tau_rev"], float)
@@ -91,8 +91,8 @@ def test_config_schemas_are_hydra_structured_configs():
     from hydra.core.config_store import ConfigStore
     from omegaconf import OmegaConf
 
-    from lacuna_unlearn.run_config import RunConfig, load_run_config
-    from lacuna_unlearn.testbed_presets import get_preset
+    from lacuna_unlearn.bench.run_config import RunConfig, load_run_config
+    from lacuna_unlearn.testbed.presets import get_preset
 
     load_run_config(preset="smoke")
     get_preset("smoke")
@@ -105,8 +105,8 @@ def test_config_schemas_are_hydra_structured_configs():
 def test_cli_choices_and_defaults_come_from_their_homes():
     from lacuna_tasks.normalize import JUDGES
     from lacuna_tasks.schema import FIELDS
-    from lacuna_unlearn.cli import _leaves, build_parser
-    from lacuna_unlearn.run_config import AttackConfig, RegimeConfig
+    from lacuna_unlearn.bench.cli.main import _leaves, build_parser
+    from lacuna_unlearn.bench.run_config import AttackConfig, RegimeConfig
 
     parser = build_parser()
     commands = {leaf.prog.removeprefix("lacuna "): leaf for leaf in _leaves(parser)}
@@ -128,8 +128,8 @@ def test_cli_choices_and_defaults_come_from_their_homes():
 
 
 def test_score_help_shows_the_scorers_defaults(capsys):
-    from lacuna_metrics.localization import LocalizationConfig
-    from lacuna_unlearn.cli import main
+    from lacuna_metrics.localization.precision import LocalizationConfig
+    from lacuna_unlearn.bench.cli.main import main
 
     with pytest.raises(SystemExit):
         main(["score", "--help"])
@@ -139,10 +139,10 @@ def test_score_help_shows_the_scorers_defaults(capsys):
 
 @pytest.mark.parametrize(("flags", "info", "debug"), [([], True, False), (["-q"], False, False), (["-v"], True, True)])
 def test_verbosity_flags_set_the_log_level(flags, info, debug):
-    from lacuna_unlearn.cli import main
+    from lacuna_unlearn.bench.cli.main import main
 
     assert main(["tasks", "path", *flags]) == 0
-    logger = logging.getLogger("lacuna_unlearn.run")
+    logger = logging.getLogger("lacuna_unlearn.bench.run")
     assert logger.isEnabledFor(logging.INFO) is info and logger.isEnabledFor(logging.DEBUG) is debug
     main(["tasks", "path"])  # back to the default for the other tests
 
@@ -152,7 +152,16 @@ def test_demo_is_an_evaluation_only_run(smoke_testbed, tmp_path):
     """``lacuna demo`` = ``lacuna run --preset demo``: the before-unlearning evaluation of an existing testbed,
     no method; stage logs go to stderr (silenced by -q), the report to stdout; a rerun is all cache."""
     out = tmp_path / "demo"
-    argv = [sys.executable, "-m", "lacuna_unlearn.cli", "demo", "--testbed", str(smoke_testbed), "--out", str(out)]
+    argv = [
+        sys.executable,
+        "-m",
+        "lacuna_unlearn.bench.cli.main",
+        "demo",
+        "--testbed",
+        str(smoke_testbed),
+        "--out",
+        str(out),
+    ]
     argv += ["--field", "phone", "--set", "eval.tasks=[forget_qa]", "--set", "eval.neutral_ppl=false"]
     first = subprocess.run(argv, capture_output=True, text=True, timeout=900)
     assert first.returncode == 0, first.stderr[-3000:]
@@ -171,7 +180,7 @@ def test_demo_is_an_evaluation_only_run(smoke_testbed, tmp_path):
 
 def test_testbed_preset_is_read_from_the_testbed_manifest(tmp_path):
     """What results.json's ``preset`` reports for a given testbed; a malformed manifest is named in the error."""
-    from lacuna_unlearn.run_stages import testbed_preset
+    from lacuna_unlearn.bench.stages import testbed_preset
 
     (tmp_path / "manifest.json").write_text(json.dumps({"kind": "lacuna-bench-testbed", "preset": "lacuna"}))
     assert testbed_preset(tmp_path) == "lacuna"

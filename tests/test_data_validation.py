@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from lacuna_tasks.lm_eval_hooks import load_docs
+from lacuna_tasks.harness.hooks import load_docs
 from lacuna_tasks.loader import BUNDLED_DIR, load_data
 from lacuna_tasks.schema import SPLITS, LacunaDataError
 
@@ -288,7 +288,7 @@ def test_task_entry_point_fails_before_building_docs(data_dir):
 @pytest.mark.parametrize("task", ["lacuna_email_forget_qa", "lacuna_email_crossfield_qa"])
 def test_lm_eval_cli_reports_the_data_error(data_dir, tmp_path, task):
     """Through the real ``lm_eval`` CLI (dummy model: no weights): exit 2, our one-line message, no traceback;
-    for the utility tasks (``lacuna_tasks/utility.py``) as for the others."""
+    for the utility tasks (``lacuna_tasks/harness/utility.py``) as for the others."""
     rows = read(data_dir, "forget")
     rows[1]["ID"] = rows[0]["ID"]
     write(data_dir, "forget", rows)

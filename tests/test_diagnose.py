@@ -19,8 +19,7 @@ import numpy as np
 import pytest
 import torch
 
-from lacuna_metrics.activations import calibration_texts
-from lacuna_metrics.diagnose import (
+from lacuna_metrics.diagnose.diagnostics import (
     SCHEMA,
     diagnose,
     empirical_fisher,
@@ -31,6 +30,7 @@ from lacuna_metrics.diagnose import (
     pca_shift,
     pca_similarity,
 )
+from lacuna_metrics.frag.activations import calibration_texts
 
 # -- brute-force reference ----------------------------------------------------------------------------------
 
@@ -156,9 +156,9 @@ class TinyDirs:
 def tiny_dirs(tmp_path_factory) -> TinyDirs:
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from lacuna_tasks.generate import build_splits, generate_profiles, write_dataset
     from lacuna_tasks.prompts import qa_text
-    from lacuna_unlearn.tokenizer import train_tokenizer
+    from lacuna_tasks.synth.generate import build_splits, generate_profiles, write_dataset
+    from lacuna_unlearn.testbed.tokenizer import train_tokenizer
 
     root = tmp_path_factory.mktemp("diagnose")
     profiles = generate_profiles(24, seed=7)
@@ -302,7 +302,7 @@ def test_diagnose_identical_models(tiny_dirs, tmp_path):
 def test_diagnose_rejects_mismatched_models(tiny_dirs, tmp_path):
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
-    from lacuna_unlearn.tokenizer import train_tokenizer
+    from lacuna_unlearn.testbed.tokenizer import train_tokenizer
 
     ref = tiny_dirs.model_dir
     texts = calibration_texts(tiny_dirs.data_dir, "forget", 4)
@@ -329,7 +329,7 @@ def test_diagnose_rejects_mismatched_models(tiny_dirs, tmp_path):
 
 
 def test_cli_diagnose_writes_json_and_plots(tiny_dirs, tmp_path, capsys):
-    from lacuna_unlearn.cli import main
+    from lacuna_unlearn.bench.cli.main import main
 
     out = tmp_path / "diag"
     code = main(

@@ -133,7 +133,7 @@ def _unlearn_2proc(
 ) -> subprocess.CompletedProcess:
     script = [str(TESTS / "accelerate_cpu_fsdp.py"), "-m"] if shim else ["-m"]
     cmd = [
-        ACCELERATE, "launch", *launch, *LAUNCH_2, *script, "lacuna_unlearn.train",
+        ACCELERATE, "launch", *launch, *LAUNCH_2, *script, "lacuna_unlearn.trainer.app",
         "method=grad_diff", "restrict=forget_mask", f"model={tiny.model_dir}", f"data={tiny.data_dir}",
         f"masks={masks}", "field=email", "trainer.args.max_steps=2", "trainer.args.per_device_train_batch_size=2",
         "trainer.args.learning_rate=3e-3", f"output_dir={out}", *overrides,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 
-from lacuna_tasks.evaluate import evaluate
+from lacuna_tasks.harness.evaluate import evaluate
 
 
 def test_evaluate_drops_lm_eval_notices_and_restores_the_logger(tiny_lacuna, caplog, capfd):

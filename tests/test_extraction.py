@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from lacuna_tasks.lm_eval_hooks import build_docs, per_person_any, process_generation
+from lacuna_tasks.harness.hooks import build_docs, per_person_any, process_generation
 from lacuna_tasks.loader import load_data
 from lacuna_tasks.schema import LacunaDataError
 

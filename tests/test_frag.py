@@ -17,7 +17,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from lacuna_metrics.activations import (
+from lacuna_metrics.frag.activations import (
     ActivationStats,
     activation_stats,
     calibration_texts,
@@ -25,9 +25,9 @@ from lacuna_metrics.activations import (
     linear_weight_names,
     transposed_weight_names,
 )
-from lacuna_metrics.checkpoints import Checkpoint, CheckpointError
-from lacuna_metrics.distance import DistanceAccumulator, distance_score
-from lacuna_metrics.frag import FragAccumulator, frag_score
+from lacuna_metrics.frag.alignment import FragAccumulator, frag_score
+from lacuna_metrics.frag.distance import DistanceAccumulator, distance_score
+from lacuna_metrics.weights.checkpoints import Checkpoint, CheckpointError
 
 EPS = 1e-6
 PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -545,7 +545,7 @@ def test_calibration_texts_from_files(tmp_path):
 
 
 def test_calibration_texts_select_fields(tiny_lacuna, tmp_path):
-    from lacuna_metrics.activations import calibration_fields
+    from lacuna_metrics.frag.activations import calibration_fields
     from lacuna_tasks.loader import load_data
     from lacuna_tasks.prompts import qa_text
 
@@ -670,8 +670,8 @@ def test_score_pair_calibrates_frag_on_the_given_fields(tiny, tmp_path):
 def test_score_pair_with_frag_hashes_before_once(tiny, tmp_path, monkeypatch):
     """FRAG keys its activation cache by ``--before``'s fingerprint before the walk: the score hashes those weights
     once and hands its checkpoint to activation_stats (whose cache key is unchanged), instead of hashing twice."""
-    from lacuna_metrics import checkpoints
     from lacuna_metrics.score import score_pair
+    from lacuna_metrics.weights import checkpoints
 
     lac, _, _, forget, retain = tiny
     before = Checkpoint(lac.model_dir)
@@ -706,7 +706,7 @@ def test_score_pair_with_frag_hashes_before_once(tiny, tmp_path, monkeypatch):
 
 
 def test_score_cli_calib_fields(tiny, tmp_path, capsys, monkeypatch):
-    from lacuna_unlearn.cli import main
+    from lacuna_unlearn.bench.cli.main import main
 
     lac, _, _, _, _ = tiny
     monkeypatch.setenv("LACUNA_CACHE", str(tmp_path / "lacuna_cache"))

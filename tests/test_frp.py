@@ -193,7 +193,7 @@ def _tiny_llama() -> torch.nn.Module:
 
 
 def _random_stats(model: torch.nn.Module, target: str) -> tuple[dict, dict]:
-    from lacuna_metrics.activations import linear_weight_names
+    from lacuna_metrics.frag.activations import linear_weight_names
 
     g = torch.Generator().manual_seed(1)
     params = dict(model.named_parameters())
@@ -259,7 +259,7 @@ def test_apply_frp_missing_stats() -> None:
 def test_apply_frp_gpt2_conv1d() -> None:
     from transformers import GPT2Config, GPT2LMHeadModel
 
-    from lacuna_metrics.activations import linear_weight_names, transposed_weight_names
+    from lacuna_metrics.frag.activations import linear_weight_names, transposed_weight_names
 
     torch.manual_seed(0)
     model = GPT2LMHeadModel(GPT2Config(vocab_size=64, n_positions=32, n_embd=16, n_layer=1, n_head=2)).eval()
@@ -286,7 +286,7 @@ def test_run_frp_end_to_end(tiny_lacuna, tmp_path) -> None:
     from safetensors.torch import load_file
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from lacuna_metrics.activations import calibration_texts
+    from lacuna_metrics.frag.activations import calibration_texts
 
     forget = calibration_texts(tiny_lacuna.data_dir, "forget", 16)
     retain = calibration_texts(tiny_lacuna.data_dir, "retain", 16)

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from gate_cli import gate
 
-from lacuna_metrics.gate import (
+from lacuna_unlearn.bench.gate.command import (
     FAIL,
     MISSING,
     PASS,
@@ -143,7 +143,7 @@ def test_two_methods_one_fails(tmp_path, capsys):
     }
     assert report["passed"] is False and report["exit_code"] == 1
     assert report["counts"] == {"pass": 2, "fail": 2, "missing": 0}
-    from lacuna_metrics.checkpoints import file_fingerprint
+    from lacuna_metrics.weights.checkpoints import file_fingerprint
 
     manifest = report["manifest"]  # what every artifact records: the judged bytes, versions, hardware
     assert manifest["input_fingerprints"] == {str(path): file_fingerprint(path)}
@@ -253,7 +253,7 @@ def test_nan_value_in_json_report_and_junit(tmp_path):
 
 
 def test_non_number_fails():
-    from lacuna_metrics.gate import Document, Subject
+    from lacuna_unlearn.bench.gate.command import Document, Subject
 
     subject = Subject("s", Document(Path("x.json"), "run", {}), {"forget_leak": "0.1"})
     [verdict] = evaluate([subject], [Criterion("max-leak", "forget_leak", "<=", 1.0)])
@@ -413,7 +413,7 @@ def test_junit_failure_count(tmp_path):
 
 
 def test_junit_missing_allowed_is_skipped(tmp_path):
-    from lacuna_metrics.gate import exit_code
+    from lacuna_unlearn.bench.gate.command import exit_code
 
     subjects = load_subjects(run_results(tmp_path, {"m": {"behaviour": {"forget_leak": 0.0}}}))
     verdicts = evaluate(subjects, [Criterion("max-leak", "forget_leak", "<=", 0.1), Criterion("x", "l2", "<=", 1.0)])

@@ -21,7 +21,7 @@ import torch
 from gate_cli import gate
 from safetensors.torch import load_file, save_file
 
-from lacuna_metrics.checkpoints import Checkpoint, file_fingerprint
+from lacuna_metrics.weights.checkpoints import Checkpoint, file_fingerprint
 
 LAYERS, HIDDEN, INTER, VOCAB = 4, 16, 32, 64
 
@@ -57,7 +57,7 @@ def _changed(state: dict[str, torch.Tensor], name: str, rows: slice, delta: floa
 
 def _lacuna(*args: Any) -> subprocess.CompletedProcess[str]:
     script = Path(sys.executable).with_name("lacuna")
-    cmd = [str(script)] if script.is_file() else [sys.executable, "-m", "lacuna_unlearn.cli"]
+    cmd = [str(script)] if script.is_file() else [sys.executable, "-m", "lacuna_unlearn.bench.cli.main"]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
     return subprocess.run([*cmd, *map(str, args)], capture_output=True, text=True, env=env, timeout=600, check=False)
 
@@ -138,7 +138,7 @@ def test_fingerprint_same_weights_in_two_directories(tmp_path):
     assert fp.startswith("sha256:") and len(fp) == len("sha256:") + 64
     assert Checkpoint(b).fingerprint() == fp == Checkpoint(a).fingerprint()
     # a fresh process computes the same value (no hash(), no per-process salt)
-    code = "import sys; from lacuna_metrics.checkpoints import Checkpoint; print(Checkpoint(sys.argv[1]).fingerprint())"
+    code = "import sys; from lacuna_metrics.weights.checkpoints import Checkpoint; print(Checkpoint(sys.argv[1]).fingerprint())"
     proc = subprocess.run([sys.executable, "-c", code, str(b)], capture_output=True, text=True, check=True)
     assert proc.stdout.strip() == fp
 

@@ -1,5 +1,5 @@
-"""Synthetic PANORAMA profiles, LACUNA split construction and dataset writing (lacuna_tasks.profiles, .bios, .splits
-and the lacuna_tasks.generate entry)."""
+"""Synthetic PANORAMA profiles, LACUNA split construction and dataset writing (lacuna_tasks.synth.profiles, .bios, .splits
+and the lacuna_tasks.synth.generate entry)."""
 
 from __future__ import annotations
 
@@ -16,16 +16,16 @@ from pathlib import Path
 import pytest
 
 import lacuna_tasks
-from lacuna_tasks import profiles as prof
-from lacuna_tasks import splits as spl
-from lacuna_tasks.bios import bio_texts
-from lacuna_tasks.generate import generate_dataset
 from lacuna_tasks.loader import fingerprint as loader_fingerprint
 from lacuna_tasks.loader import load_data
-from lacuna_tasks.profiles import LOCALES, PROFILE_COLUMNS, faker_version, generate_profiles
 from lacuna_tasks.prompts import full_name
 from lacuna_tasks.schema import FIELDS, FORGET_GROUPS, QA_COLUMNS, RETAIN_GROUPS, SPLITS, get_field, validate_rows
-from lacuna_tasks.splits import build_splits, write_dataset
+from lacuna_tasks.synth import profiles as prof
+from lacuna_tasks.synth import splits as spl
+from lacuna_tasks.synth.bios import bio_texts
+from lacuna_tasks.synth.generate import generate_dataset
+from lacuna_tasks.synth.profiles import LOCALES, PROFILE_COLUMNS, faker_version, generate_profiles
+from lacuna_tasks.synth.splits import build_splits, write_dataset
 
 BUNDLED = Path(lacuna_tasks.__file__).parent / "data" / "default"
 EMAIL_RE = re.compile(r"^[a-z0-9][a-z0-9._]*@[a-z0-9-]+(\.[a-z0-9-]+)+$")
@@ -352,8 +352,8 @@ def test_bundled_default_dataset_is_valid_and_matches_manifest():
 
 
 def test_generate_keeps_the_old_import_path():
-    """lacuna_unlearn and older scripts import the split-out names from lacuna_tasks.generate."""
-    from lacuna_tasks import generate
+    """lacuna_unlearn and older scripts import the split-out names from lacuna_tasks.synth.generate."""
+    from lacuna_tasks.synth import generate
 
     assert generate.build_splits is build_splits and generate.write_dataset is write_dataset
     assert generate.generate_profiles is generate_profiles and generate.bio_texts is bio_texts

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from lacuna_metrics.masks import MaskError, build_masks, named_shapes_of
-from lacuna_unlearn.injection import NEUTRAL, StepBatches, StepPlan, mask_gradients, train_steps
+from lacuna_unlearn.testbed.injection import NEUTRAL, StepBatches, StepPlan, mask_gradients, train_steps
 
 
 def tiny_olmo(seed: int = 0):
@@ -149,7 +149,7 @@ def test_each_micro_batch_only_reaches_its_own_group_mask(model_and_masks, tmp_p
     one adds to every trainable weight."""
     from transformers import TrainingArguments
 
-    from lacuna_unlearn.injection import MaskedTrainer, _unwrap
+    from lacuna_unlearn.testbed.injection import MaskedTrainer, _unwrap
 
     template, masks = model_and_masks
     model = tiny_olmo()

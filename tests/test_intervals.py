@@ -1,4 +1,4 @@
-"""Per-person values and bootstrap intervals (lacuna_metrics.intervals) against hand computations and scipy."""
+"""Per-person values and bootstrap intervals (lacuna_metrics.behaviour.intervals) against hand computations and scipy."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from lacuna_metrics.intervals import bootstrap_interval, per_person_values
+from lacuna_metrics.behaviour.intervals import bootstrap_interval, per_person_values
 
 
 def _sample(person: str, **metrics):

@@ -127,7 +127,7 @@ class _Model:
 
 
 def test_greedy_generate_and_extraction_hits_follow_the_judge():
-    from lacuna_metrics.behavior import extraction_hits, greedy_generate
+    from lacuna_metrics.behaviour.probes import extraction_hits, greedy_generate
 
     model, tok = _Model(" x\na@b.com"), _Tok()
     assert greedy_generate(model, tok, ["Q: q\nA:"]) == [" x"]  # default: cut at the first newline, as before
@@ -148,7 +148,7 @@ def test_greedy_generate_and_extraction_hits_follow_the_judge():
 
 
 def test_judge_probe_reads_persons_and_rates():
-    from lacuna_unlearn.attacks import judge_probe
+    from lacuna_unlearn.bench.attacks import judge_probe
 
     records = [
         {"person": "p1", "answer": "a@b.com", "field": "email", "generation": " no\na@b.com"},
@@ -173,11 +173,11 @@ def test_attack_records_its_judge(tiny_lacuna, tmp_path, monkeypatch):
     from tiny_lm import train_memorizing_lm
     from transformers import AutoTokenizer
 
-    import lacuna_unlearn.train as train
-    from lacuna_tasks.lm_eval_hooks import build_docs
+    import lacuna_unlearn.trainer.app as train
+    from lacuna_tasks.harness.hooks import build_docs
     from lacuna_tasks.loader import load_data
     from lacuna_tasks.prompts import probe_prompt, qa_prompt
-    from lacuna_unlearn.attacks import resurfacing_attack
+    from lacuna_unlearn.bench.attacks import resurfacing_attack
 
     attempts = 2
     data = load_data(tiny_lacuna.data_dir)

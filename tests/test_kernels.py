@@ -21,7 +21,6 @@ import torch
 from scipy.stats import rankdata
 from sklearn.metrics import roc_auc_score
 
-from lacuna_metrics.auc import TARGETS, StreamingAUC, float_keys
 from lacuna_metrics.kernels import (
     TABLE_KEYS,
     bf16_value_counts,
@@ -44,7 +43,8 @@ from lacuna_metrics.kernels import (
     stable_sorted,
     stable_sorted_ties,
 )
-from lacuna_metrics.localization import categories, qtile_values, within_tensor_qtile, within_tensor_quantile
+from lacuna_metrics.localization.auc import TARGETS, StreamingAUC, float_keys
+from lacuna_metrics.localization.precision import categories, qtile_values, within_tensor_qtile, within_tensor_quantile
 from lacuna_metrics.masks import group_bits
 
 TINY = np.finfo(np.float32).smallest_subnormal

@@ -11,9 +11,8 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from lacuna_metrics.auc import TARGETS
-from lacuna_metrics.checkpoints import Checkpoint
-from lacuna_metrics.leak_audit import (
+from lacuna_metrics.localization.auc import TARGETS
+from lacuna_metrics.localization.leak_audit import (
     NULL_KINDS,
     LeakAuditError,
     NullUpdate,
@@ -22,8 +21,9 @@ from lacuna_metrics.leak_audit import (
     score_null_updates,
     stored_as,
 )
-from lacuna_metrics.localization import BASELINES, SCORES
+from lacuna_metrics.localization.precision import BASELINES, SCORES
 from lacuna_metrics.masks import build_masks, save_masks
+from lacuna_metrics.weights.checkpoints import Checkpoint
 
 SHAPES = {
     **{f"model.layers.{i}.self_attn.q_proj.weight": (48, 32) for i in range(4)},
@@ -101,8 +101,8 @@ def test_null_calibration_of_a_bf16_pair_scores_what_a_saved_method_free_update_
     bf16 pair whose masked scalars are larger (as injection leaves them), most of a small update rounds away and
     what survives depends on |θ|: the saved update's raw AUC is far from 0.5. The rounded null update gets exactly
     that AUC (so the calibration excludes raw); an unrounded one (the behaviour before) would report chance."""
-    from lacuna_metrics.localization import LocalizationConfig
-    from lacuna_metrics.null_calibration import DEFAULT_NULL_SCALES
+    from lacuna_metrics.localization.null_calibration import DEFAULT_NULL_SCALES
+    from lacuna_metrics.localization.precision import LocalizationConfig
     from lacuna_metrics.score import score_pair
 
     masks = build_masks(SHAPES, 4, budget=0.05, seed=3, skip_last=1)
@@ -135,7 +135,7 @@ def test_a_recorded_audit_is_reused_only_for_null_updates_rounded_alike(tmp_path
     """``lacuna score --testbed`` reuses the testbed's recorded null AUCs only when its null updates were rounded
     as ones stored like ``--after`` are: a float32 testbed's audit stands for a float32 ``--after``, not a bf16 one;
     an audit recorded before rounding (no ``stored_as``) rounded nothing, which is the same for float32."""
-    from lacuna_metrics.localization import LocalizationConfig
+    from lacuna_metrics.localization.precision import LocalizationConfig
     from lacuna_metrics.score import score_pair
 
     root = _testbed(tmp_path / "tb", leaky=False)
@@ -164,7 +164,7 @@ def test_a_recorded_audit_is_reused_only_for_null_updates_rounded_alike(tmp_path
 def test_the_scorer_reads_the_null_update(tmp_path):
     """The scorer's walk reads a NullUpdate through ``read_stored`` (as every checkpoint): it sees the update,
     not ``before``'s own values."""
-    from lacuna_metrics.localization import Localization, LocalizationConfig
+    from lacuna_metrics.localization.precision import Localization, LocalizationConfig
     from lacuna_metrics.masks import MaskReader
 
     root = _testbed(tmp_path / "tb", leaky=False)

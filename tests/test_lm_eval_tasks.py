@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from lacuna_tasks.lm_eval_hooks import TokenPlan, memorization_scores, token_plan
+from lacuna_tasks.harness.hooks import TokenPlan, memorization_scores, token_plan
 from lacuna_tasks.loader import load_data
 
 EMAIL_TASKS = {
@@ -211,7 +211,7 @@ def test_memorization_whitespace_token_path_equals_direct(tiny_lacuna, model_and
 
 
 def test_token_plan_per_token_by_hand():
-    from lacuna_tasks.lm_eval_hooks import GREEDY_TOKEN_GEN_KWARGS, TokenSlot
+    from lacuna_tasks.harness.hooks import GREEDY_TOKEN_GEN_KWARGS, TokenSlot
 
     plan = TokenPlan(
         requests=[
@@ -276,7 +276,10 @@ def test_python_api_task_manager(tiny_lacuna):
 
 def test_lacuna_tasks_path_command():
     out = subprocess.run(
-        [sys.executable, "-m", "lacuna_unlearn.cli", "tasks", "path"], capture_output=True, text=True, check=True
+        [sys.executable, "-m", "lacuna_unlearn.bench.cli.main", "tasks", "path"],
+        capture_output=True,
+        text=True,
+        check=True,
     )
     path = Path(out.stdout.strip())
     assert (path / "lacuna.yaml").is_file() and (path / "lacuna_email_forget_qa.yaml").is_file()
@@ -289,7 +292,7 @@ def test_lacuna_tasks_path_command():
 def retain_eval_data(tiny_lacuna, tmp_path_factory) -> Path:
     """The tiny data again, plus 2 retain-eval people per field: the main splits (and so what the tiny model
     memorized) are the same, since retain-eval people are drawn after them."""
-    from lacuna_tasks.generate import build_splits, generate_profiles, write_dataset
+    from lacuna_tasks.synth.generate import build_splits, generate_profiles, write_dataset
 
     profiles = generate_profiles(48, seed=7)
     splits = build_splits(profiles, seed=7, people_per_field=8, validation_people=4, retain_eval_people=2)

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from lacuna_tasks.lm_eval_hooks import build_docs, load_docs
+from lacuna_tasks.harness.hooks import build_docs, load_docs
 from lacuna_tasks.loader import BUNDLED_NAME, ENV_VAR, load_data, resolve_source
 from lacuna_tasks.schema import LacunaDataError
 

@@ -26,8 +26,7 @@ from sklearn.model_selection import StratifiedKFold, cross_val_predict
 from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import StandardScaler
 
-from lacuna_metrics.checkpoints import Checkpoint, CheckpointError
-from lacuna_metrics.localization import (
+from lacuna_metrics.localization.precision import (
     BASELINES,
     COMPOSITE_FEATURES,
     SCORES,
@@ -37,6 +36,7 @@ from lacuna_metrics.localization import (
 )
 from lacuna_metrics.masks import MaskError, MaskReader, MaskSet, component, save_masks
 from lacuna_metrics.score import score_pair
+from lacuna_metrics.weights.checkpoints import Checkpoint, CheckpointError
 
 EPS = 1e-10
 FORGET_BITS = (1 << 0) | (1 << 2) | (1 << 4)

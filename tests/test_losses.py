@@ -1,4 +1,4 @@
-"""Unit tests for lacuna_unlearn.losses against hand computations on tiny tensors
+"""Unit tests for lacuna_unlearn.methods.losses against hand computations on tiny tensors
 (docs/definitions.md#unlearning-losses, #jensun-objective)."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from lacuna_unlearn import losses as L
+from lacuna_unlearn.methods import losses as L
 
 B, T, V = 2, 4, 3
 

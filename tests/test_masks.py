@@ -785,7 +785,7 @@ def test_stamp_masks_refuses_foreign_files(tmp_path):
 
 @pytest.mark.parametrize("num_groups", [6, 10])
 def test_reader_verify_gives_the_file_fingerprint(tmp_path, num_groups):
-    from lacuna_metrics.checkpoints import file_fingerprint
+    from lacuna_metrics.weights.checkpoints import file_fingerprint
 
     shapes = {"model.layers.0.self_attn.q_proj.weight": (8, 8), "model.layers.0.mlp.up_proj.weight": (16, 8)}
     masks = build_masks(shapes, 1, skip_last=0, budget=0.05, seed=3, num_groups=num_groups)
@@ -811,7 +811,7 @@ def test_reader_verify_refuses_bits_beyond_num_groups(tmp_path, value, bit):
 def test_verification_in_background_gives_the_fingerprint_or_the_error(tmp_path):
     """verify_in_background: the same fingerprint as verify(); a stray bit's error from check() once it has failed
     (check never waits) and from result()."""
-    from lacuna_metrics.checkpoints import file_fingerprint
+    from lacuna_metrics.weights.checkpoints import file_fingerprint
 
     good = save_masks(_small_masks(), tmp_path / "good.safetensors")
     verification = MaskReader(good).verify_in_background()

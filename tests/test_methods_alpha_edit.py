@@ -10,7 +10,7 @@ import sys
 import pytest
 import torch
 
-from lacuna_unlearn.methods.alpha_edit import (
+from lacuna_unlearn.methods.alpha_edit.edit import (
     AlphaEditConfig,
     EditRequest,
     alpha_edit_update,
@@ -97,7 +97,7 @@ def test_prompts_start_with_the_bos_the_tokenizer_adds(tiny_lacuna) -> None:
     from tokenizers import processors
     from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
-    from lacuna_unlearn.methods.alpha_edit import encode, lookup_token
+    from lacuna_unlearn.methods.alpha_edit.edit import encode, lookup_token
 
     plain_tok = AutoTokenizer.from_pretrained(tiny_lacuna.model_dir)
     backend = copy.deepcopy(plain_tok.backend_tokenizer)
@@ -148,9 +148,9 @@ def test_edit_on_a_two_layer_model_keeps_preserved_outputs_and_installs_the_targ
     ``Conv1D`` (the update is added transposed); ``module``/``block`` are ``auto`` (the model anatomy). The
     preserved text has fewer tokens than keys have dimensions, so its keys span a proper subspace; the edit must
     not change the edited module's output on any of them (to 1e-5), while the refusal becomes more likely."""
-    from lacuna_metrics.anatomy import is_transposed_module
+    from lacuna_metrics.weights.anatomy import is_transposed_module
     from lacuna_tasks.prompts import qa_text
-    from lacuna_unlearn.methods.alpha_edit_keys import edited_module, with_templates
+    from lacuna_unlearn.methods.alpha_edit.keys import edited_module, with_templates
 
     model, tok = _tiny(tiny_lacuna) if arch == "llama" else _tiny_gpt2(tiny_lacuna)
     forget, retain = tiny_email_rows
@@ -249,13 +249,13 @@ def test_errors_name_the_field_the_module_and_the_threshold(tiny_lacuna, tiny_em
 
 def _cli(*args: str):
     return subprocess.run(
-        [sys.executable, "-m", "lacuna_unlearn.train", *args], capture_output=True, text=True, timeout=600
+        [sys.executable, "-m", "lacuna_unlearn.trainer.app", *args], capture_output=True, text=True, timeout=600
     )
 
 
 def test_hydra_method_alpha_edit_on_the_smoke_testbed(smoke_testbed, forget_nll, tmp_path) -> None:
     from lacuna_tasks.loader import load_data
-    from lacuna_unlearn.unlearn_data import split_rows
+    from lacuna_unlearn.trainer.unlearn_data import split_rows
 
     out = tmp_path / "ae"
     done = _cli(

@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from lacuna_unlearn.lora import LoraSettings
 from lacuna_unlearn.methods import make_method
 from lacuna_unlearn.methods.memflex import MemFlex, cosine, located, randomize_answer
-from lacuna_unlearn.trainer import TrainConfig, unlearn
-from lacuna_unlearn.unlearn_data import ForgetRetainDataset, QADataset, collate_forget_retain
+from lacuna_unlearn.trainer.loop import TrainConfig, unlearn
+from lacuna_unlearn.trainer.lora import LoraSettings
+from lacuna_unlearn.trainer.unlearn_data import ForgetRetainDataset, QADataset, collate_forget_retain
 
 LORA = LoraSettings(r=4, lora_alpha=16)
 SEED = 42
@@ -105,7 +105,7 @@ def split(tiny_lacuna, data):  # noqa: ANN001, ANN201
 
 def test_only_located_lora_parameters_train(tiny_lacuna, data, split) -> None:
     """locate + the trainer's own restriction helpers in a plain loop, observed on the peft model itself."""
-    from lacuna_unlearn.restrict import apply_restriction, param_groups
+    from lacuna_unlearn.trainer.restrict import apply_restriction, param_groups
 
     forget, retain, collate = data
     threshold, expected = split
@@ -192,7 +192,7 @@ def test_missing_lora_and_nothing_located_are_clear_errors(tiny_lacuna, tiny_ema
 
 
 def _app(*overrides: str, cwd: Path) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "lacuna_unlearn.train", *overrides]
+    cmd = [sys.executable, "-m", "lacuna_unlearn.trainer.app", *overrides]
     return subprocess.run(cmd, capture_output=True, text=True, cwd=cwd, check=False)
 
 

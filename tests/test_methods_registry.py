@@ -50,7 +50,7 @@ BEFORE = {
 #: The editors' config classes (settings + the run's seed), as their ``run_from_config`` builds them.
 EDITOR_CONFIGS = {
     "frp": "lacuna_unlearn.methods.frp:FRPConfig",
-    "alpha_edit": "lacuna_unlearn.methods.alpha_edit:AlphaEditConfig",
+    "alpha_edit": "lacuna_unlearn.methods.alpha_edit.edit:AlphaEditConfig",
     "selective_pruning": "lacuna_unlearn.methods.selective_pruning:SPConfig",
 }
 
@@ -64,7 +64,7 @@ def test_importing_the_registry_and_composing_imports_no_method_module():
     """The registry, the Hydra method configs and a composed config: no torch, no method module (a bad override of
     ``lacuna-unlearn`` fails in about a second)."""
     code = (
-        "import sys; import lacuna_unlearn.methods, lacuna_unlearn.train; "
+        "import sys; import lacuna_unlearn.methods, lacuna_unlearn.trainer.app; "
         "from lacuna_unlearn.methods.registry import REGISTRY, lookup, config_defaults; lookup('simnpo'); "
         "from hydra import compose, initialize_config_module\n"
         "with initialize_config_module(config_module='lacuna_unlearn.configs', version_base='1.3'):\n"

@@ -1,5 +1,5 @@
 """RMU and JensUn: losses match direct computations on a tiny random Llama, and both unlearn the tiny
-memorizing model end to end through ``lacuna_unlearn.trainer.unlearn``."""
+memorizing model end to end through ``lacuna_unlearn.trainer.loop.unlearn``."""
 
 from __future__ import annotations
 
@@ -10,12 +10,12 @@ from dataclasses import asdict
 import pytest
 import torch
 
-from lacuna_unlearn.losses import jensun_forget_loss, nll_loss, rmu_control_vector
 from lacuna_unlearn.methods import METHODS, make_method
 from lacuna_unlearn.methods.jensun import JensUn
+from lacuna_unlearn.methods.losses import jensun_forget_loss, nll_loss, rmu_control_vector
 from lacuna_unlearn.methods.rmu import RMU
-from lacuna_unlearn.trainer import TrainConfig, unlearn
-from lacuna_unlearn.unlearn_data import QADataset, collate_forget_retain
+from lacuna_unlearn.trainer.loop import TrainConfig, unlearn
+from lacuna_unlearn.trainer.unlearn_data import QADataset, collate_forget_retain
 
 
 def _tiny_llama(layers: int = 4, seed: int = 0):
@@ -133,7 +133,7 @@ def test_jensun_loss_is_jensun_forget_loss_plus_a_zero_retain_jsd():
 
 
 def test_jensun_prepare_tokenizes_the_refusal():
-    from lacuna_unlearn.tokenizer import train_tokenizer
+    from lacuna_unlearn.testbed.tokenizer import train_tokenizer
 
     tok = train_tokenizer(["Q: Who? A: No idea.", "I have no idea what you mean", "No, no idea"] * 5, vocab_size=300)
     method = JensUn()

@@ -9,9 +9,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from lacuna_unlearn.losses import IGNORE_INDEX, nll_loss, random_label_loss, undial_loss
 from lacuna_unlearn.methods import METHODS, make_method
-from lacuna_unlearn.trainer import TrainConfig, unlearn
+from lacuna_unlearn.methods.losses import IGNORE_INDEX, nll_loss, random_label_loss, undial_loss
+from lacuna_unlearn.trainer.loop import TrainConfig, unlearn
 
 
 def _brute_undial(logits, labels, ref, beta, masked):
@@ -95,7 +95,7 @@ def test_methods_raise_the_forget_nll(tiny_lacuna, tiny_email_rows, forget_nll, 
 
 
 def test_dpo_loss_hand_values():
-    from lacuna_unlearn.losses import dpo_loss
+    from lacuna_unlearn.methods.losses import dpo_loss
 
     win, win_ref = torch.tensor([-2.0, -1.0]), torch.tensor([-3.0, -1.0])
     lose, lose_ref = torch.tensor([-1.0, -4.0]), torch.tensor([-2.0, -2.0])
@@ -107,7 +107,7 @@ def test_dpo_loss_hand_values():
 
 
 def test_replace_answers_keeps_prompts_and_labels_the_new_answer():
-    from lacuna_unlearn.unlearn_data import replace_answers
+    from lacuna_unlearn.trainer.unlearn_data import replace_answers
 
     batch = {
         "input_ids": torch.tensor([[5, 6, 7, 8, 9], [5, 6, 11, 0, 0]]),
@@ -143,8 +143,8 @@ def test_idk_dpo_refusal_side_is_built_once_with_the_same_loss(tiny_lacuna, tiny
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     import lacuna_unlearn.methods.idk_dpo as idk_module
-    import lacuna_unlearn.unlearn_data as data_module
-    from lacuna_unlearn.unlearn_data import QADataset, collate_forget_retain
+    import lacuna_unlearn.trainer.unlearn_data as data_module
+    from lacuna_unlearn.trainer.unlearn_data import QADataset, collate_forget_retain
 
     forget, retain = tiny_email_rows
     calls = {"with_answer": 0, "replace_answers": 0}

@@ -25,12 +25,12 @@ from lacuna_unlearn.methods.selective_pruning import (
     sp_scores,
 )
 from lacuna_unlearn.methods.wagle import WAGLE, attribution_scores, top_fraction_masks
-from lacuna_unlearn.trainer import TrainConfig, unlearn
+from lacuna_unlearn.trainer.loop import TrainConfig, unlearn
 
 
 def _app(*overrides: str, cwd: Path) -> subprocess.CompletedProcess:
     env = dict(os.environ, LACUNA_CACHE=str(cwd / "cache"))  # never touch ~/.cache from tests
-    cmd = [sys.executable, "-m", "lacuna_unlearn.train", *overrides]
+    cmd = [sys.executable, "-m", "lacuna_unlearn.trainer.app", *overrides]
     return subprocess.run(cmd, capture_output=True, text=True, cwd=cwd, env=env, check=False)
 
 
@@ -227,7 +227,7 @@ WAGLE_ARGS = {"ratio": 0.2, "mu": 1e-3, "batch_size": 2}
 def _datasets(model_dir, rows):
     from transformers import AutoTokenizer
 
-    from lacuna_unlearn.unlearn_data import QADataset, collate_forget_retain
+    from lacuna_unlearn.trainer.unlearn_data import QADataset, collate_forget_retain
 
     tok = AutoTokenizer.from_pretrained(model_dir)
     forget, retain = rows
@@ -246,7 +246,7 @@ def _load(model_dir):
 
 def test_locate_matches_a_backward_reference(tiny_lacuna, tiny_email_rows) -> None:
     """The located mask = top-k of |(w - g_r/mu) g_f|, g accumulated by .backward() over batches of 2 in order."""
-    from lacuna_unlearn.losses import nll_loss
+    from lacuna_unlearn.methods.losses import nll_loss
 
     model = _load(tiny_lacuna.model_dir)
     forget, retain, collate = _datasets(tiny_lacuna.model_dir, tiny_email_rows)
@@ -341,7 +341,7 @@ def test_wagle_composes_with_restrict_forget_mask(tiny_lacuna, tiny_email_rows, 
 
 
 def test_wagle_refuses_lora(tiny_lacuna, tiny_email_rows, tmp_path) -> None:
-    from lacuna_unlearn.lora import LoraSettings
+    from lacuna_unlearn.trainer.lora import LoraSettings
 
     forget_rows, retain_rows = tiny_email_rows
     with pytest.raises(ValueError, match="LoRA"):
@@ -408,7 +408,7 @@ def test_sp_hydra_app_writes_a_checkpoint_and_manifest(tiny_lacuna, tmp_path) ->
 def test_sp_unknown_argument_is_named(tiny_lacuna, tmp_path) -> None:
     from hydra import compose, initialize_config_module
 
-    from lacuna_unlearn.train import run
+    from lacuna_unlearn.trainer.app import run
 
     with initialize_config_module(config_module="lacuna_unlearn.configs", version_base="1.3"):
         cfg = compose(
@@ -434,7 +434,7 @@ def test_lowers_the_forget_leak_on_the_smoke_testbed(smoke_testbed, leak_and_nll
     from lacuna_tasks.loader import load_data
     from lacuna_tasks.prompts import qa_text
     from lacuna_unlearn.methods.selective_pruning import run_selective_pruning
-    from lacuna_unlearn.unlearn_data import split_rows
+    from lacuna_unlearn.trainer.unlearn_data import split_rows
 
     data = load_data(smoke_testbed)
     forget, retain = split_rows(data, "forget", "all"), split_rows(data, "retain", "all")

@@ -13,8 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from lacuna_tasks.loader import BUNDLED_NAME
-from lacuna_tasks.perplexity import (
+from lacuna_tasks.harness.perplexity import (
     NEUTRAL_HELDOUT_FILE,
     PPL_METRICS,
     TASK,
@@ -23,6 +22,7 @@ from lacuna_tasks.perplexity import (
     read_neutral_heldout,
     word_perplexity_ratio,
 )
+from lacuna_tasks.loader import BUNDLED_NAME
 from lacuna_tasks.schema import LacunaDataError
 
 
@@ -47,7 +47,7 @@ def _results_file(out: Path) -> Path:
 
 
 def test_same_file_name_as_the_testbed_builder():
-    from lacuna_unlearn.testbed import NEUTRAL_HELDOUT_FILE as BUILDER_FILE
+    from lacuna_unlearn.testbed.build import NEUTRAL_HELDOUT_FILE as BUILDER_FILE
 
     assert NEUTRAL_HELDOUT_FILE == BUILDER_FILE
 
@@ -126,7 +126,7 @@ def _direct_loglikelihood(model, tokenizer, text: str) -> float | None:
     """log p(text | prefix token) from one forward pass (None when the text needs several windows)."""
     import torch
 
-    from lacuna_tasks.lm_eval_hooks import LmEvalEncoding
+    from lacuna_tasks.harness.hooks import LmEvalEncoding
 
     encoding = LmEvalEncoding(tokenizer)
     ids = [encoding.prefix_token_id, *encoding.encode(text)]
@@ -182,12 +182,12 @@ def test_neutral_ppl_on_the_smoke_testbed(smoke_testbed, tmp_path):
 
 @pytest.mark.slow
 def test_ratio_rises_when_the_model_is_damaged(smoke_testbed, tmp_path):
-    """Through the Python API (``lacuna_tasks.evaluate``): noise on every weight makes the neutral text less
+    """Through the Python API (``lacuna_tasks.harness.evaluate``): noise on every weight makes the neutral text less
     likely, so after / before > 1."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from lacuna_tasks.evaluate import evaluate
+    from lacuna_tasks.harness.evaluate import evaluate
 
     before = evaluate(smoke_testbed / "model", [TASK], data=smoke_testbed / "data", batch_size=8)
     model = AutoModelForCausalLM.from_pretrained(smoke_testbed / "model", dtype="float32")

@@ -1,10 +1,10 @@
-"""lacuna_metrics.null_calibration against hand-computed tables."""
+"""lacuna_metrics.localization.null_calibration against hand-computed tables."""
 
 from __future__ import annotations
 
 import pytest
 
-from lacuna_metrics.null_calibration import calibrate
+from lacuna_metrics.localization.null_calibration import calibrate
 
 AUC = {
     "forget": {"raw": 0.62, "reversal": 0.99, "qtile": 0.55, "composite": None, "best": {"score": "reversal"}},
@@ -61,7 +61,7 @@ def test_a_random_update_scores_chance_after_calibration(smoke_testbed, tmp_path
     import torch
     from safetensors.torch import load_file, save_file
 
-    from lacuna_metrics.localization import LocalizationConfig
+    from lacuna_metrics.localization.precision import LocalizationConfig
     from lacuna_metrics.score import score_pair
 
     after = tmp_path / "noise"

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from lacuna_tasks.lm_eval_hooks import install_person_stderr, per_person_any, per_person_stderr
+from lacuna_tasks.harness.hooks import install_person_stderr, per_person_any, per_person_stderr
 
 #: task -> its per-person metrics (aggregation per_person_any)
 PER_PERSON = {

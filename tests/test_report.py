@@ -251,7 +251,7 @@ def test_roc_draws_the_best_curve_first(tmp_path):
 def test_sample_roc_area_is_the_auc():
     from sklearn.metrics import roc_auc_score
 
-    from lacuna_metrics.composite import sample_roc
+    from lacuna_metrics.localization.composite import sample_roc
 
     rng = np.random.default_rng(0)
     y = rng.random(3000) < 0.3
@@ -274,9 +274,9 @@ def test_score_markdown_still_renders():
 
 
 def test_behaviour_counts_the_fields_persons(tmp_path):
-    from lacuna_tasks.generate import build_splits, generate_profiles, write_dataset
     from lacuna_tasks.loader import load_data
-    from lacuna_unlearn.run_behaviour import behaviour
+    from lacuna_tasks.synth.generate import build_splits, generate_profiles, write_dataset
+    from lacuna_unlearn.bench.behaviour import behaviour
 
     profiles = generate_profiles(48, seed=7)
     data = write_dataset(tmp_path / "data", profiles, build_splits(profiles, seed=7, people_per_field=5))
@@ -298,8 +298,8 @@ def test_behaviour_counts_the_fields_persons(tmp_path):
 def test_behaviour_intervals_are_over_persons():
     """With the evaluation's per-person values, every rate gets n = persons observed and a bootstrap interval over
     persons that contains the rate; a metric that did not run gets neither."""
-    from lacuna_metrics.intervals import bootstrap_interval
-    from lacuna_unlearn.run_behaviour import behaviour
+    from lacuna_metrics.behaviour.intervals import bootstrap_interval
+    from lacuna_unlearn.bench.behaviour import behaviour
 
     leak = {f"p{i}": float(i < 3) for i in range(10)}  # 3 of 10 persons leak
     results = {"lacuna_email_forget_qa": {"leak_rate": 0.3}, "lacuna_email_forget_worstcase": {"j_w": 0.3}}

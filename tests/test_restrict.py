@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from lacuna_metrics.masks import MaskSet, build_masks, load_masks, named_shapes_of
-from lacuna_unlearn.restrict import (
+from lacuna_unlearn.trainer.restrict import (
     Restriction,
     RestrictionError,
     apply_restriction,
@@ -477,7 +477,7 @@ def test_verify_unchanged_is_bitwise():
 
 
 def test_intersect_ands_masks_and_drops_what_either_side_leaves_out() -> None:
-    from lacuna_unlearn.restrict import intersect
+    from lacuna_unlearn.trainer.restrict import intersect
 
     a = torch.tensor([True, True, False])
     b = torch.tensor([True, False, True])

@@ -1,7 +1,7 @@
 """One home for results facts (lacuna_metrics.results): the metric table the gate derives its keys from, the schema
-stamps, and the one lm-eval results reader (lacuna_tasks.lm_eval_results) with its two rules (newest run of one
+stamps, and the one lm-eval results reader (lacuna_tasks.harness.results) with its two rules (newest run of one
 model; the ``none`` filter, else a metric's only filter) seen through each consumer: ``lacuna gate``,
-``accuracies_from_lm_eval`` (``lacuna reversibility``) and ``lacuna_tasks.evaluate``."""
+``accuracies_from_lm_eval`` (``lacuna reversibility``) and ``lacuna_tasks.harness.evaluate``."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from lacuna_metrics import gate, gate_subjects
+from lacuna_metrics.behaviour.regimes import accuracies_from_lm_eval
 from lacuna_metrics.results import (
     METRIC_TABLE,
     SCHEMAS,
@@ -28,7 +28,8 @@ from lacuna_metrics.results import (
     score_metric_paths,
     task_metrics,
 )
-from lacuna_metrics.reversibility import accuracies_from_lm_eval
+from lacuna_unlearn.bench.gate import command as gate
+from lacuna_unlearn.bench.gate import subjects as gate_subjects
 
 FORGET, RETAIN = "lacuna_email_forget_qa", "lacuna_email_retain_qa"
 
@@ -224,8 +225,8 @@ def test_reversibility_names_a_malformed_file(tmp_path):
 
 def test_evaluate_strips_filters_by_the_same_rule(tmp_path, monkeypatch):
     lm_eval = pytest.importorskip("lm_eval")
-    import lacuna_tasks.register as register
-    from lacuna_tasks.evaluate import evaluate
+    import lacuna_tasks.harness.register as register
+    from lacuna_tasks.harness.evaluate import evaluate
 
     entry = {"alias": "t", "leak_rate,none": 0.5, "leak_rate,strict": 0.9, "leak_rate_stderr,none": 0.1}
     entry |= {"accuracy,strict": 0.25, "j_w,a": 1.0, "j_w,b": 0.0}

@@ -11,12 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from lacuna_tasks.generate import build_splits, generate_profiles, write_dataset
+from lacuna_tasks.harness.utility import build_utility_docs, load_utility_docs, utility_task_names
 from lacuna_tasks.loader import load_data
 from lacuna_tasks.schema import FIELDS, RETAIN_GROUPS, SPLITS, LacunaDataError, validate_rows
-from lacuna_tasks.utility import build_utility_docs, load_utility_docs, utility_task_names
+from lacuna_tasks.synth.generate import build_splits, generate_profiles, write_dataset
 from lacuna_tasks.validate import RETAIN_EVAL_SPLITS
-from lacuna_unlearn.unlearn_data import CROSSFIELD_RETAIN, RETAIN_FIELD_MODES, retain_sources, unlearning_rows
+from lacuna_unlearn.trainer.unlearn_data import CROSSFIELD_RETAIN, RETAIN_FIELD_MODES, retain_sources, unlearning_rows
 
 MAIN = ("forget", "forget_paraphrased", "retain", "retain_paraphrased")
 KW = {"seed": 3, "people_per_field": 5, "validation_people": 2}
@@ -223,7 +223,7 @@ def test_bad_retain_field(data_dir, bad):
 
 
 def _app(*overrides: str, cwd: Path) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "lacuna_unlearn.train", *overrides]
+    cmd = [sys.executable, "-m", "lacuna_unlearn.trainer.app", *overrides]
     return subprocess.run(cmd, capture_output=True, text=True, cwd=cwd, check=False, timeout=600)
 
 
@@ -305,7 +305,7 @@ def test_utility_docs_without_retain_eval_are_a_marked_placeholder(tiny_lacuna):
 
 
 def test_task_yamls_exist_for_every_field():
-    from lacuna_tasks.register import tasks_dir
+    from lacuna_tasks.harness.register import tasks_dir
 
     root = tasks_dir()
     for key in FIELDS:

@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-from lacuna_metrics.reversibility import (
+from lacuna_metrics.behaviour.regimes import (
     IDEAL_REGIME,
     NO_FORGETTING,
     REGIMES,
@@ -126,7 +126,7 @@ def test_accuracies_from_lm_eval(tmp_path):
 
 
 def test_cli_reversibility_from_lm_eval_results(tmp_path, capsys):
-    from lacuna_unlearn.cli import main
+    from lacuna_unlearn.bench.cli.main import main
 
     def results(name: str, forget: float, retain: float) -> str:
         path = tmp_path / f"{name}.json"

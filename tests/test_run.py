@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from lacuna_unlearn.run import PRESETS, load_run_config, run_benchmark
+from lacuna_unlearn.bench.run import PRESETS, load_run_config, run_benchmark
 
 #: Cheap settings per method: the preset's own overrides, then fewer steps (training-free editors get fewer
 #: value-optimisation steps instead).
@@ -168,7 +168,7 @@ def test_run_writes_schema_report_and_plots_then_caches(smoke_testbed, tmp_path)
     assert "Matched forgetting" in report and "positive control" in report
     assert any("running" in line for line in logs)
 
-    from lacuna_unlearn.cli import main
+    from lacuna_unlearn.bench.cli.main import main
 
     results_file = str(tmp_path / "run" / "results.json")
     junit = tmp_path / "gate.xml"

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from lacuna_unlearn.cli import main
-from lacuna_unlearn.run import load_run_config, run_benchmark
-from lacuna_unlearn.run_stages import locked, stage_key
+from lacuna_unlearn.bench.cli.main import main
+from lacuna_unlearn.bench.run import load_run_config, run_benchmark
+from lacuna_unlearn.bench.stages import locked, stage_key
 
 
 def test_second_run_into_the_same_out_is_refused(tmp_path):
@@ -51,7 +51,16 @@ def test_sigterm_removes_partial_outputs(tmp_path):
     out = tmp_path / "tb"
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "lacuna_unlearn.cli", "build-testbed", "--preset", "smoke", "--out", str(out)],
+        [
+            sys.executable,
+            "-m",
+            "lacuna_unlearn.bench.cli.main",
+            "build-testbed",
+            "--preset",
+            "smoke",
+            "--out",
+            str(out),
+        ],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,

@@ -16,9 +16,9 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from lacuna_metrics.checkpoints import Checkpoint, file_fingerprint
-from lacuna_metrics.localization import SCORES
+from lacuna_metrics.localization.precision import SCORES
 from lacuna_metrics.masks import load_masks
+from lacuna_metrics.weights.checkpoints import Checkpoint, file_fingerprint
 
 REMOVED = "model.layers.1.mlp.up_proj.weight"
 
@@ -37,7 +37,7 @@ def _env(cache_root: Path) -> dict[str, str]:
 
 def lacuna(env: dict[str, str], *args: Any) -> subprocess.CompletedProcess[str]:
     script = Path(sys.executable).with_name("lacuna")
-    cmd = [str(script)] if script.is_file() else [sys.executable, "-m", "lacuna_unlearn.cli"]
+    cmd = [str(script)] if script.is_file() else [sys.executable, "-m", "lacuna_unlearn.bench.cli.main"]
     return subprocess.run(
         [*cmd, "score", *map(str, args)], capture_output=True, text=True, env=env, timeout=600, check=False
     )
@@ -198,7 +198,7 @@ def test_explicit_paths_match_testbed(scored, first):
 def test_python_api_returns_the_json_content(scored, second):
     code = (
         "import json, sys; import lacuna_metrics.score as s; "
-        "from lacuna_metrics.localization import LocalizationConfig; "
+        "from lacuna_metrics.localization.precision import LocalizationConfig; "
         "r = s.score_pair(sys.argv[1], testbed=sys.argv[2], cache_dir=sys.argv[3], "
         "config=LocalizationConfig(composite_samples=20000), progress=False); "
         "print('\\nJSON:' + json.dumps(r, default=str, allow_nan=False))"

@@ -15,8 +15,8 @@ import torch
 from lacuna_metrics.masks import MaskError, load_masks
 from lacuna_tasks.loader import load_data
 from lacuna_tasks.schema import FIELDS, FORGET_GROUPS, RETAIN_GROUPS
-from lacuna_unlearn.testbed import build_testbed
-from lacuna_unlearn.testbed_presets import get_preset
+from lacuna_unlearn.testbed.build import build_testbed
+from lacuna_unlearn.testbed.presets import get_preset
 
 
 def _manifest(testbed: Path) -> dict:
@@ -147,10 +147,10 @@ def test_existing_output_needs_force(smoke_testbed, tmp_path):
 
 def test_model_without_matching_layer_names_fails_cleanly(tmp_path):
     # Mamba's blocks hold no attention or MLP projection (``mixer.in_proj`` ...), so nothing is eligible. (MPT, used
-    # here before, is now covered by the name rules of lacuna_metrics.anatomy: ``blocks.N.attn.Wqkv``, ``ffn.*``.)
+    # here before, is now covered by the name rules of lacuna_metrics.weights.anatomy: ``blocks.N.attn.Wqkv``, ``ffn.*``.)
     from transformers import MambaConfig, MambaForCausalLM
 
-    from lacuna_unlearn.tokenizer import train_tokenizer
+    from lacuna_unlearn.testbed.tokenizer import train_tokenizer
 
     model_dir = tmp_path / "mamba"
     tokenizer = train_tokenizer(["hello world 123", "Q: what?\nA: this"] * 20, vocab_size=300)
@@ -180,7 +180,7 @@ def test_two_process_cpu_build(tmp_path):
     cmd = [
         str(accelerate), "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
         "--mixed_precision", "no", "--dynamo_backend", "no",
-        "-m", "lacuna_unlearn.cli", "build-testbed", "--preset", "smoke", "--out", str(out),
+        "-m", "lacuna_unlearn.bench.cli.main", "build-testbed", "--preset", "smoke", "--out", str(out),
     ]  # fmt: skip
     cmd += [arg for key, value in SMOKE_CUT.items() for arg in ("--set", f"{key}={json.dumps(value)}")]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ, HF_HUB_OFFLINE="1"), timeout=1200)
@@ -220,7 +220,7 @@ def test_retain_eval_people_are_memorized_and_in_no_other_split(smoke_testbed):
     and none of them appears in any other split, so no unlearning input contains them."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from lacuna_metrics.behavior import extraction_hits
+    from lacuna_metrics.behaviour.probes import extraction_hits
     from lacuna_tasks.prompts import probe_prompt
 
     data = load_data(smoke_testbed / "data")
@@ -241,8 +241,8 @@ def test_training_question_forms_are_never_probe_questions():
     """The injected text may use many question forms, but never one of the evaluation paraphrases (the probes of
     J_P / J_ICR), for any person."""
     from lacuna_tasks.prompts import PARAPHRASES, full_name, paraphrases, possessive
-    from lacuna_unlearn.corpus import build_corpus
-    from lacuna_unlearn.testbed import TRAIN_QUESTION_FORMS, with_training_question_forms
+    from lacuna_unlearn.testbed.build import TRAIN_QUESTION_FORMS, with_training_question_forms
+    from lacuna_unlearn.testbed.corpus import build_corpus
 
     for key in FIELDS:
         assert set(TRAIN_QUESTION_FORMS[key]).isdisjoint(PARAPHRASES[key]), key
@@ -264,8 +264,8 @@ def test_mini_qa_documents_have_the_icr_prompt_layout():
     """``mini`` injects two QA pairs per document (``qa_block: 2``): the layout of an ICR prompt, so the model has
     answered a question that follows another person's pair (docs/testbeds.md 'ICR-shaped QA documents')."""
     from lacuna_tasks.prompts import qa_text
-    from lacuna_unlearn.corpus import testbed_corpus
-    from lacuna_unlearn.testbed_presets import get_preset
+    from lacuna_unlearn.testbed.corpus import testbed_corpus
+    from lacuna_unlearn.testbed.presets import get_preset
 
     cfg = get_preset("mini")
     assert cfg.qa_block == 2
@@ -278,8 +278,8 @@ def test_mini_qa_documents_have_the_icr_prompt_layout():
 
 
 def test_neutral_heldout_is_never_trained():
-    from lacuna_unlearn.corpus import build_corpus
-    from lacuna_unlearn.testbed import hold_out_neutral
+    from lacuna_unlearn.testbed.build import hold_out_neutral
+    from lacuna_unlearn.testbed.corpus import build_corpus
 
     corpus = build_corpus(profiles_per_group=2, distractor_profiles=4, bios_per_person=1, qa_per_field=2,
                           lorem_paragraphs=40, seed=5)  # fmt: skip
@@ -306,7 +306,7 @@ BAD_SETTINGS = [
 def test_bad_settings_are_refused_before_any_work(tmp_path, capsys, settings, message):
     import re
 
-    from lacuna_unlearn.cli import main
+    from lacuna_unlearn.bench.cli.main import main
 
     out = tmp_path / "tb"
     argv = ["build-testbed", "--preset", "smoke", "--out", str(out)]
@@ -370,9 +370,9 @@ def test_leaky_configuration_fails_the_leak_audit(tmp_path):
 def test_fit_people_takes_the_largest_counts_that_fit():
     """Too few memorized people for the requested counts: the build fails, or with ``fit_people`` takes fewer and
     says so (requested vs used)."""
-    from lacuna_unlearn.corpus import build_corpus
-    from lacuna_unlearn.testbed import TestbedError as BuildError
-    from lacuna_unlearn.testbed import _splits
+    from lacuna_unlearn.testbed.build import TestbedError as BuildError
+    from lacuna_unlearn.testbed.build import _splits
+    from lacuna_unlearn.testbed.corpus import build_corpus
 
     corpus = build_corpus(profiles_per_group=6, distractor_profiles=2, bios_per_person=1, qa_per_field=1,
                           lorem_paragraphs=2, seed=4)  # fmt: skip
@@ -398,8 +398,8 @@ def test_fit_people_takes_the_largest_counts_that_fit():
 
 def test_masks_are_stamped_with_the_model_they_describe(smoke_testbed):
     """The testbed ties masks.safetensors to model/ (lacuna score then verifies, not warns)."""
-    from lacuna_metrics.checkpoints import Checkpoint
     from lacuna_metrics.masks import MaskReader
+    from lacuna_metrics.weights.checkpoints import Checkpoint
 
     reader = MaskReader(smoke_testbed / "masks.safetensors")
     assert reader.model_fingerprint == Checkpoint(smoke_testbed / "model").fingerprint()
@@ -408,8 +408,8 @@ def test_masks_are_stamped_with_the_model_they_describe(smoke_testbed):
 def test_neutral_heldout_is_prose_never_qa():
     """The perplexity probe's slice holds lorem paragraphs and distractor bios, never the distractors' QA pairs,
     and none of it stays in the training text."""
-    from lacuna_unlearn.corpus import build_corpus
-    from lacuna_unlearn.testbed import hold_out_neutral
+    from lacuna_unlearn.testbed.build import hold_out_neutral
+    from lacuna_unlearn.testbed.corpus import build_corpus
 
     corpus = build_corpus(profiles_per_group=1, distractor_profiles=6, bios_per_person=2, qa_per_field=4,
                           lorem_paragraphs=20, num_groups=6, seed=3)  # fmt: skip

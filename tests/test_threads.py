@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lacuna_metrics.threads import configure_threads
+from lacuna_metrics.weights.threads import configure_threads
 
 
 def test_user_setting_wins_and_reaches_torch(monkeypatch):

@@ -24,7 +24,7 @@ from safetensors.torch import save_file
 from scipy.stats import rankdata
 from sklearn.metrics import roc_auc_score
 
-from lacuna_metrics.localization import SCORES, LocalizationConfig
+from lacuna_metrics.localization.precision import SCORES, LocalizationConfig
 from lacuna_metrics.masks import MaskSet, component, save_masks
 from lacuna_metrics.score import score_pair
 
@@ -350,7 +350,7 @@ def test_cli_flag_is_recorded_and_explained(tmp_path, ties, capsys):
     manifest config, and score.md says how ties counted."""
     import json
 
-    from lacuna_unlearn.cli import main
+    from lacuna_unlearn.bench.cli.main import main
 
     pair = make_pair(tmp_path, "tail", "zero", torch.bfloat16)
     out = tmp_path / "out"

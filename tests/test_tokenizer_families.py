@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pytest
 
-from lacuna_tasks.lm_eval_hooks import LmEvalEncoding, build_docs, token_plan
+from lacuna_tasks.harness.hooks import LmEvalEncoding, build_docs, token_plan
 from lacuna_tasks.loader import load_data
 
 FAMILIES = ("sentencepiece", "tekken", "bytelevel")
@@ -421,8 +421,8 @@ def test_unlearning_labels_are_the_tokens_the_evaluation_scores(family, tmp_path
     (``sentencepiece-legacy``) gave `` answer`` a stray ``▁▁`` the model never sees after ``A:``."""
     from lacuna_tasks.prompts import probe_prompt, qa_prompt
     from lacuna_unlearn.methods import make_method
-    from lacuna_unlearn.methods.alpha_edit import EditRequest, _target_ids
-    from lacuna_unlearn.unlearn_data import encode_qa
+    from lacuna_unlearn.methods.alpha_edit.edit import EditRequest, _target_ids
+    from lacuna_unlearn.trainer.unlearn_data import encode_qa
 
     tokenizer = make_tokenizer(family, tmp_path)
     encoding = LmEvalEncoding(tokenizer)
@@ -462,8 +462,8 @@ def test_unlearning_trains_with_the_bos_of_the_tokenizer(family, family_dirs, tm
     from transformers import AutoTokenizer
 
     from lacuna_unlearn.methods import make_method
-    from lacuna_unlearn.trainer import TrainConfig, unlearn
-    from lacuna_unlearn.unlearn_data import split_rows
+    from lacuna_unlearn.trainer.loop import TrainConfig, unlearn
+    from lacuna_unlearn.trainer.unlearn_data import split_rows
 
     model_dir = family_dirs[family].model_dir
     bos = AutoTokenizer.from_pretrained(model_dir).bos_token_id
@@ -483,7 +483,7 @@ def test_unlearning_trains_with_the_bos_of_the_tokenizer(family, family_dirs, tm
 def test_alpha_edit_reads_prompts_as_the_tokenizer_encodes_them(family, tmp_path):
     """AlphaEdit's prompt ids are the tokenizer's own encoding (its BOS included), and the subject's last token is
     found in them: decoding up to it ends with the subject."""
-    from lacuna_unlearn.methods.alpha_edit import encode, lookup_token
+    from lacuna_unlearn.methods.alpha_edit.edit import encode, lookup_token
 
     tokenizer = make_tokenizer(family, tmp_path)
     text = "Q: Ann Lee, who lives in Paris. What is her Email Address?\nA:"

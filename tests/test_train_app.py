@@ -11,7 +11,7 @@ import pytest
 
 
 def _app(*overrides: str, cwd: Path) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "lacuna_unlearn.train", *overrides]
+    cmd = [sys.executable, "-m", "lacuna_unlearn.trainer.app", *overrides]
     return subprocess.run(cmd, capture_output=True, text=True, cwd=cwd, check=False)
 
 

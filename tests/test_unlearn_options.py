@@ -12,13 +12,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from lacuna_unlearn.lora import LoraSettings
 from lacuna_unlearn.methods import make_method
-from lacuna_unlearn.trainer import TrainConfig, unlearn
+from lacuna_unlearn.trainer.loop import TrainConfig, unlearn
+from lacuna_unlearn.trainer.lora import LoraSettings
 
 
 def _app(*overrides: str, cwd: Path) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "lacuna_unlearn.train", *overrides]
+    cmd = [sys.executable, "-m", "lacuna_unlearn.trainer.app", *overrides]
     return subprocess.run(cmd, capture_output=True, text=True, cwd=cwd, check=False)
 
 
@@ -95,7 +95,7 @@ def test_hydra_lora_switch_and_frp_method(tiny_lacuna, tmp_path):
 
     frp = tmp_path / "frp"
     env_cache = tmp_path / "cache"
-    cmd = [sys.executable, "-m", "lacuna_unlearn.train", "method=frp", "method.args.rho=0.25",
+    cmd = [sys.executable, "-m", "lacuna_unlearn.trainer.app", "method=frp", "method.args.rho=0.25",
            "method.args.target=linear", f"output_dir={frp}", *common]  # fmt: skip
     proc = subprocess.run(
         cmd, capture_output=True, text=True, cwd=tmp_path, env=dict(os.environ, LACUNA_CACHE=str(env_cache))
@@ -127,7 +127,7 @@ def test_two_process_cpu_unlearning(tiny_lacuna, tmp_path):
     out = tmp_path / "ddp"
     cmd = [
         str(accelerate), "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
-        "--mixed_precision", "no", "--dynamo_backend", "no", "-m", "lacuna_unlearn.train",
+        "--mixed_precision", "no", "--dynamo_backend", "no", "-m", "lacuna_unlearn.trainer.app",
         "method=rmu", f"model={tiny_lacuna.model_dir}", f"data={tiny_lacuna.data_dir}", "field=email",
         "trainer.args.max_steps=2", "trainer.args.per_device_train_batch_size=2", f"output_dir={out}",
     ]  # fmt: skip

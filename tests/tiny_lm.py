@@ -10,11 +10,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from lacuna_tasks.generate import generate_dataset
 from lacuna_tasks.loader import load_data
 from lacuna_tasks.prompts import PARAPHRASES, qa_prompt, qa_text
 from lacuna_tasks.schema import get_field
-from lacuna_unlearn.tokenizer import train_tokenizer
+from lacuna_tasks.synth.generate import generate_dataset
+from lacuna_unlearn.testbed.tokenizer import train_tokenizer
 
 __all__ = ["build_demo", "train_memorizing_lm"]
 

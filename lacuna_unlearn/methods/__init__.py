@@ -2,9 +2,9 @@
 (OpenUnlearning's registry pattern).
 
 A trained method turns a ``{"forget": batch, "retain": batch}`` input into a loss, using the shared helpers of
-:mod:`lacuna_unlearn.losses`; ``needs_reference`` asks the trainer for a frozen copy of the initial model.
+:mod:`lacuna_unlearn.methods.losses`; ``needs_reference`` asks the trainer for a frozen copy of the initial model.
 Training-free methods (FRP, AlphaEdit, Selective Pruning) are not losses: the registry's ``editor`` entries,
-dispatched by :func:`lacuna_unlearn.train.run`.
+dispatched by :func:`lacuna_unlearn.trainer.app.run`.
 
 Importing this package is cheap (no torch): the method modules load when a method is looked up, and
 :class:`Method` when it is first named.

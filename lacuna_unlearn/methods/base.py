@@ -69,11 +69,11 @@ def summed_nll_gradients(
     """Sum over batches of d(mean answer-token NLL)/d(param) (float32): the gradient statistics localisation-first
     methods rank parameters by (WAGLE's attribution, MemFlex's gradient information).
 
-    ``items`` are encoded QA items (:class:`lacuna_unlearn.unlearn_data.QADataset` entries) batched in order
+    ``items`` are encoded QA items (:class:`lacuna_unlearn.trainer.unlearn_data.QADataset` entries) batched in order
     with the trainer's ``collate``; the model runs in eval mode and ``.grad`` fields are left untouched.
     """
-    from lacuna_metrics.activations import eval_mode, model_device
-    from lacuna_unlearn.losses import nll_loss
+    from lacuna_metrics.frag.activations import eval_mode, model_device
+    from lacuna_unlearn.methods.losses import nll_loss
 
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from lacuna_unlearn.losses import nll_loss
 from lacuna_unlearn.methods.base import Method, forward
+from lacuna_unlearn.methods.losses import nll_loss
 
 
 @dataclass

@@ -3,7 +3,7 @@
 Follows what the authors' code ran for Table 1 (``frp/prune.py --scoring rank_combo``), not paper Eq. (6):
 
 1. r_j = x^f_j / (x^r_j + 1e-6) from the input activation norms of the ORIGINAL model
-   (docs/definitions.md#frag-activation-statistics; the statistics come from :mod:`lacuna_metrics.activations`, cached).
+   (docs/definitions.md#frag-activation-statistics; the statistics come from :mod:`lacuna_metrics.frag.activations`, cached).
 2. Per output row i, ascending ranks over the d_in columns via ``argsort().argsort()`` (0 = smallest):
    rank(r)_j (the same for every row) and rank(|W|)_ij; S_ij = rank(r)_j + lam * rank(|W|)_ij, lam = 0.05
    (the paper's λ, code ``--beta``).
@@ -32,7 +32,7 @@ from typing import Any
 
 import torch
 
-from lacuna_metrics.activations import TARGETS, activation_stats, linear_weight_names, transposed_weight_names
+from lacuna_metrics.frag.activations import TARGETS, activation_stats, linear_weight_names, transposed_weight_names
 from lacuna_unlearn.methods.settings import FRPSettings
 
 __all__ = [
@@ -204,7 +204,7 @@ def apply_frp(
 ) -> dict[str, Any]:
     """Prune ``model`` in place (docs/definitions.md#frp): every ``cfg.target`` weight's selected entries are multiplied
     by ``cfg.shrink``. ``x_forget`` / ``x_retain`` map weight names (``<module>.weight``, as
-    :func:`lacuna_metrics.activations.collect_input_norms` returns them) to input norm vectors; extra keys are ignored.
+    :func:`lacuna_metrics.frag.activations.collect_input_norms` returns them) to input norm vectors; extra keys are ignored.
     Returns ``{"pruned": {weight name: count}, "pruned_total", "scored_total", "modules"}``.
     """
     cfg.validate()
@@ -294,7 +294,7 @@ def prune_from_activations(
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from lacuna_unlearn.publish import publish_checkpoint
+    from lacuna_unlearn.trainer.publish import publish_checkpoint
 
     started = time.perf_counter()
     model_path, out = Path(model_dir), Path(out_dir)

@@ -7,8 +7,8 @@ from dataclasses import dataclass
 
 import torch
 
-from lacuna_unlearn.losses import nll_loss, retain_loss
 from lacuna_unlearn.methods.base import Method, forward
+from lacuna_unlearn.methods.losses import nll_loss, retain_loss
 from lacuna_unlearn.methods.settings import GradDiffSettings
 
 
@@ -32,7 +32,7 @@ class GradDiff(GradDiffSettings, Method):
         return retain_loss(logits, batch["labels"], ref_logits, kind=self.retain_loss_type, **self.retain_options())
 
     def retain_options(self) -> dict[str, bool]:
-        """Extra keyword arguments of :func:`lacuna_unlearn.losses.retain_loss` (JensUn: ``legacy_unmasked``)."""
+        """Extra keyword arguments of :func:`lacuna_unlearn.methods.losses.retain_loss` (JensUn: ``legacy_unmasked``)."""
         return {}
 
     def loss(self, model, inputs, ref_model):  # noqa: ANN001, ANN201 - see Method.loss

@@ -54,8 +54,8 @@ from typing import Any
 
 import torch
 
-from lacuna_unlearn.losses import IGNORE_INDEX, combine, token_counts, token_nll
 from lacuna_unlearn.methods.base import Method, forward, summed_nll_gradients
+from lacuna_unlearn.methods.losses import IGNORE_INDEX, combine, token_counts, token_nll
 from lacuna_unlearn.methods.settings import MemFlexSettings
 
 logger = logging.getLogger(__name__)

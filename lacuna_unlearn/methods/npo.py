@@ -6,9 +6,9 @@ from dataclasses import dataclass
 
 import torch
 
-from lacuna_unlearn.losses import npo_loss
 from lacuna_unlearn.methods.base import forward
 from lacuna_unlearn.methods.grad_diff import GradDiff
+from lacuna_unlearn.methods.losses import npo_loss
 from lacuna_unlearn.methods.settings import NPOSettings
 
 

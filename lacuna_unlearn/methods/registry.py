@@ -4,7 +4,7 @@ Entries are ``"module:attribute"`` strings resolved on first use, so importing t
 checks, ``run.py``'s plan) does not import torch or any method module. Two kinds (docs/unlearning.md):
 
 * ``method``: a :class:`lacuna_unlearn.methods.base.Method` dataclass that the trainer optimises
-  (:func:`lacuna_unlearn.trainer.unlearn`).
+  (:func:`lacuna_unlearn.trainer.loop.unlearn`).
 * ``editor``: a training-free method (closed-form edit, pruning). ``target`` is its ``run_from_config(model,
   forget_rows, retain_rows, out, args, *, seed, data)``, which writes an HF checkpoint.
 
@@ -72,7 +72,7 @@ REGISTRY: dict[str, Entry] = {
     "wagle": _method("wagle", "WAGLE", "WAGLESettings"),  # weight-attribution mask, then a gradient objective on it
     "finetune": _method("finetune", "Finetune"),  # the relearning attack's objective, not an unlearning method
     "frp": _editor("frp", "FRPSettings"),
-    "alpha_edit": _editor("alpha_edit", "AlphaEditSettings"),
+    "alpha_edit": _editor("alpha_edit.edit", "AlphaEditSettings"),
     "selective_pruning": _editor("selective_pruning", "SPSettings"),
 }
 

@@ -1,6 +1,6 @@
 """RLabel: fine-tune the forget answers towards random labels (uniform random vocabulary tokens at every
 answer position, fresh each step, seeded), plus GradDiff's retain term. A documented reading of "random-label
-unlearning" for generative QA (see :func:`lacuna_unlearn.losses.random_label_loss`)."""
+unlearning" for generative QA (see :func:`lacuna_unlearn.methods.losses.random_label_loss`)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ from dataclasses import dataclass
 
 import torch
 
-from lacuna_unlearn.losses import random_label_loss
 from lacuna_unlearn.methods.base import forward
 from lacuna_unlearn.methods.grad_diff import GradDiff
+from lacuna_unlearn.methods.losses import random_label_loss
 from lacuna_unlearn.methods.settings import RLabelSettings
 
 

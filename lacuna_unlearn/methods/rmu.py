@@ -24,8 +24,8 @@ from dataclasses import dataclass
 
 import torch
 
-from lacuna_unlearn.losses import IGNORE_INDEX, rmu_control_vector, rmu_forget_loss, rmu_retain_loss
 from lacuna_unlearn.methods.grad_diff import GradDiff
+from lacuna_unlearn.methods.losses import IGNORE_INDEX, rmu_control_vector, rmu_forget_loss, rmu_retain_loss
 from lacuna_unlearn.methods.settings import RMUSettings
 
 _RETAIN_TYPES = ("embed_diff", "nll", "kl")

@@ -17,7 +17,7 @@ gate rows, up rows and down columns set to zero).
 
 Choices (INFERRED / deviations; every one is a configurable default):
 
-* Statistic: OUR x_j of the down projection's input from :mod:`lacuna_metrics.activations` -- per calibration
+* Statistic: OUR x_j of the down projection's input from :mod:`lacuna_metrics.frag.activations` -- per calibration
   sequence the L2 norm of neuron j's activation over its tokens, averaged over sequences -- instead of the mean
   |activation| over tokens. It is the same tensor taker scores (the neuron's output, act(gate) * up), measured
   with FRAG/FRP's hooks and cache, so SP, FRP and FRAG share one cached pass (same texts, ``max_length``, bf16).
@@ -32,13 +32,13 @@ Choices (INFERRED / deviations; every one is a configurable default):
 * ``mode = "neuron"`` (FRAG's baseline: gate/up rows and down column zeroed -- a dead neuron that gradient
   fine-tuning cannot revive, since every gradient through it is zero); ``mode = "down"`` zeroes only the down
   column (taker's output mask; the neuron's contribution is equally gone, but relearnable).
-* Architectures: every MLP the model anatomy (:mod:`lacuna_metrics.anatomy`, docs/anatomy.md) finds with an
+* Architectures: every MLP the model anatomy (:mod:`lacuna_metrics.weights.anatomy`, docs/anatomy.md) finds with an
   ``nn.Linear`` or ``Conv1D`` output projection (role ``down`` / ``fc_out``: Llama's ``down_proj``, GPT-2's
   ``c_proj``, GPT-NeoX / Falcon / BLOOM's ``dense_4h_to_h``, OPT's ``fc2``); the projections of the same MLP that
   produce its neurons (``gate`` / ``up`` / ``fc_in``, Phi-3's fused ``gate_up`` as two halves) are zeroed with
   their bias entries. Fused 3-D expert tensors (Mixtral in transformers 5) are not pruned; a model with no such
   MLP raises a ValueError.
-* ``restrict=`` and LoRA do not apply (no training; ``lacuna_unlearn.train._run_editor`` refuses them).
+* ``restrict=`` and LoRA do not apply (no training; ``lacuna_unlearn.trainer.app._run_editor`` refuses them).
 """
 
 from __future__ import annotations
@@ -52,8 +52,8 @@ from typing import Any
 
 import torch
 
-from lacuna_metrics.anatomy import MLP_NEURON_ROLES, MLP_OUTPUT_ROLES, Weight
-from lacuna_metrics.frag_targets import linear_frag_weights
+from lacuna_metrics.frag.targets import linear_frag_weights
+from lacuna_metrics.weights.anatomy import MLP_NEURON_ROLES, MLP_OUTPUT_ROLES, Weight
 from lacuna_unlearn.methods.frp import _is_real, prune_from_activations, run_on_qa_rows
 from lacuna_unlearn.methods.settings import SP_EPS, SPSettings
 from lacuna_unlearn.methods.wagle import top_fraction_masks
@@ -176,7 +176,7 @@ class Projection:
 def mlp_neurons(model: torch.nn.Module) -> dict[str, dict[str, Any]]:
     """Every MLP whose hidden neurons SP can prune, keyed by its output projection's weight name, in model order:
     ``{"down": Projection (input channels), "inputs": [Projection (output channels) of the gate / up / fc_in of the
-    same MLP], "d_mlp": n}``. Which weight plays which role is :mod:`lacuna_metrics.anatomy`'s answer, so every
+    same MLP], "d_mlp": n}``. Which weight plays which role is :mod:`lacuna_metrics.weights.anatomy`'s answer, so every
     architecture it knows with ``nn.Linear`` or ``Conv1D`` MLPs is covered; fused 3-D expert tensors are not."""
     modules = dict(model.named_modules())
     by_mlp: dict[str, list[Weight]] = {}
@@ -217,7 +217,7 @@ def apply_selective_pruning(
     cfg: SPConfig,
 ) -> dict[str, Any]:
     """Prune ``model`` in place. ``x_forget`` / ``x_retain`` map weight names to input statistics (as
-    :func:`lacuna_metrics.activations.collect_input_norms` returns them); only the down projections' entries are
+    :func:`lacuna_metrics.frag.activations.collect_input_norms` returns them); only the down projections' entries are
     used. Returns ``{"pruned": {down weight: count}, "pruned_total", "neurons_total", "neurons": {down weight:
     [indices]}, "zeroed": [tensor names]}``."""
     cfg.validate()

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from lacuna_unlearn.losses import simnpo_loss
 from lacuna_unlearn.methods.base import forward
 from lacuna_unlearn.methods.grad_diff import GradDiff
+from lacuna_unlearn.methods.losses import simnpo_loss
 from lacuna_unlearn.methods.settings import SimNPOSettings
 
 

@@ -2,7 +2,7 @@
 token's logit lowered by β, plus GradDiff's retain term (OpenUnlearning's YAML: γ 1, α 0, β 10).
 
 ``masked=True`` (default) distils the answer positions only; ``masked=False`` is OpenUnlearning's form, which
-also distils prompt and padding positions (see :func:`lacuna_unlearn.losses.undial_loss`).
+also distils prompt and padding positions (see :func:`lacuna_unlearn.methods.losses.undial_loss`).
 """
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ from dataclasses import dataclass
 
 import torch
 
-from lacuna_unlearn.losses import undial_loss
 from lacuna_unlearn.methods.base import forward
 from lacuna_unlearn.methods.grad_diff import GradDiff
+from lacuna_unlearn.methods.losses import undial_loss
 from lacuna_unlearn.methods.settings import UNDIALSettings
 
 

@@ -1,0 +1,1 @@
+"""The synthetic generator: PANORAMA-style profiles, bios, splits and dataset directories."""

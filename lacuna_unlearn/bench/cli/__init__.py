@@ -1,0 +1,1 @@
+"""The ``lacuna`` command: argument checks and the dispatcher."""

@@ -1,0 +1,1 @@
+"""``lacuna gate``: subjects, criteria, checkpoint identity and output."""

@@ -1,0 +1,180 @@
+"""``lacuna run``: the whole benchmark as one declarative, cached pipeline.
+
+Stages (each cached under ``OUT/stages/<kind>-<hash>/`` by the SHA-256 of its inputs, so a rerun redoes only
+what changed): build (or reuse) the testbed; evaluate the model before unlearning with the lm-eval task pack;
+per field and method: unlearn (``lacuna-unlearn`` config ``method=<name>`` + overrides), evaluate, score the
+pair (``lacuna score``: best-of AUC, FRAG, L2), relearning attack with the extraction probe (``lacuna attack``),
+evaluate the relearned model and classify the forgetting regime. Then ``results.json`` (schema
+``lacuna-bench/run`` v1), ``report.md`` and ``plots/*.png`` in ``OUT``.
+
+The default (``preset: mini``) is the README's first command: the mini testbed, the email field, GradDiff,
+SimNPO, JensUn, RMU, FRP and OracleGrad.
+
+This module assembles ``results.json``; the parts live one concept per module: the settings in
+:mod:`~lacuna_unlearn.bench.run_config`, the stage cache and lock in :mod:`~lacuna_unlearn.bench.stages`, the evaluation
+stage and behaviour metrics in :mod:`~lacuna_unlearn.bench.behaviour`, a method's stages in
+:mod:`~lacuna_unlearn.bench.method_stages` and the reversibility protocol in :mod:`~lacuna_unlearn.bench.reversibility`.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import os
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from lacuna_metrics.results import BEHAVIOUR_METRICS, schema_stamp
+from lacuna_tasks.schema import NEUTRAL_HELDOUT_FILE, NEUTRAL_PPL_TASK
+from lacuna_unlearn.bench.behaviour import behaviour, eval_stage
+from lacuna_unlearn.bench.method_stages import method_entry, positive_control
+from lacuna_unlearn.bench.run_config import (  # noqa: F401  (re-exported: the pipeline's config)
+    DEFAULT_RUN,
+    POSITIVE_CONTROL,
+    PRESETS,
+    RELEARN_SOURCES,
+    load_run_config,
+    validate_run_config,
+)
+from lacuna_unlearn.bench.stages import Stages, locked, testbed_fingerprint, testbed_preset
+
+__all__ = ["DEFAULT_RUN", "RUN_SCHEMA", "SEED_METRICS", "across_seeds", "load_run_config", "run_benchmark"]
+
+RUN_SCHEMA = schema_stamp("run")
+
+logger = logging.getLogger(__name__)
+
+
+#: Numbers of a method entry summarised across seeds (dotted paths; ``auc.*`` expands to every target).
+SEED_METRICS = (
+    *(f"behaviour.{m}" for m in BEHAVIOUR_METRICS),
+    "behaviour.neutral_ppl_ratio",
+    "relearned_behaviour.forget_leak",
+    "relearned_behaviour.retain_accuracy",
+    "frag",
+    "l2",
+    "attack.success_at_n_unlearned",
+    "attack.success_at_n_relearned",
+    "regime.recovery_ratio",
+)
+
+
+def across_seeds(runs: Mapping[int, Mapping[str, Any]]) -> dict[str, Any]:
+    """Mean ± sd (sample sd, ddof 1) of every number in :data:`SEED_METRICS` and of each target's ``best`` and
+    ``raw`` AUC over the runs of one method with different unlearning seeds; ``values`` in seed order; the regime
+    of each seed in ``regimes``."""
+    from lacuna_metrics.behaviour.intervals import mean_sd
+
+    def get(entry: Mapping[str, Any], path: str) -> Any:
+        node: Any = entry
+        for part in path.split("."):
+            node = node.get(part) if isinstance(node, Mapping) else None
+        return node.get("value") if isinstance(node, Mapping) else node  # an AUC's best: {value, score}
+
+    first = next(iter(runs.values()))
+    aucs = ("best", "raw", "calibrated_best", "best_lift")
+    paths = [*SEED_METRICS, *(f"auc.{t}.{k}" for t in (first.get("auc") or {}) for k in aucs)]
+    metrics: dict[str, Any] = {}
+    for path in paths:
+        values = [get(entry, path) for entry in runs.values()]
+        if all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
+            metrics[path] = {**mean_sd(values), "values": values}
+    regimes = [(entry.get("regime") or {}).get("regime") for entry in runs.values()]  # categorical: listed
+    return {"seeds": list(runs), "metrics": metrics, "regimes": regimes}
+
+
+def run_benchmark(
+    out_dir: str | os.PathLike[str],
+    cfg: Mapping[str, Any] | None = None,
+    *,
+    log: Callable[[str], None] = logger.info,
+) -> dict[str, Any]:
+    """Run (or resume from cache) the benchmark described by ``cfg`` into ``out_dir``; return ``results.json``.
+    One run at a time per ``out_dir`` (a lock file). ``log`` receives one status line per stage (default: this
+    module's logger at INFO, shown where :func:`lacuna_tasks.logs.configure_logging` set it up)."""
+    cfg = copy.deepcopy(dict(cfg or DEFAULT_RUN))
+    validate_run_config(cfg)
+    with locked(Path(out_dir)):
+        return _run_locked(Path(out_dir), cfg, log)
+
+
+def _run_locked(out: Path, cfg: dict[str, Any], log: Callable[[str], None]) -> dict[str, Any]:
+    from lacuna_metrics.manifest import build_manifest, publish_together, write_json
+    from lacuna_metrics.report import write_run_report
+
+    started = time.time()
+    stages = Stages(out / "stages", log)
+    seed = int(cfg["seed"])
+    seeds = [int(s) for s in cfg["seeds"]] if cfg.get("seeds") else [seed]  # unlearning seeds; the first is reported
+
+    # testbed
+    if cfg["testbed"]:
+        testbed = Path(cfg["testbed"])
+        tb_key = testbed_fingerprint(testbed)
+    else:
+        from lacuna_unlearn.testbed.build import build_testbed
+        from lacuna_unlearn.testbed.presets import get_preset
+
+        # the preset's settings are part of the key: a changed preset rebuilds instead of reusing a stale testbed
+        inputs = {"preset": cfg["preset"], "seed": cfg["testbed_seed"], "config": get_preset(cfg["preset"]).to_dict()}
+        stage = stages.get(
+            "testbed",
+            f"testbed ({cfg['preset']})",
+            inputs,
+            lambda tmp: build_testbed(tmp / "testbed", preset=cfg["preset"], seed=cfg["testbed_seed"]),
+        )
+        testbed = stage / "testbed"
+        tb_key = testbed_fingerprint(testbed)
+    data = testbed / "data"
+    before = testbed / "model"
+
+    # the testbed's own preset: a given testbed need not be the one the config's `preset` would build
+    results: dict[str, Any] = {"schema": RUN_SCHEMA, "preset": testbed_preset(testbed), "testbed": str(testbed)}
+    by_field: dict[str, Any] = {}
+    for field in cfg["fields"]:
+        suffixes = cfg["eval"].get("tasks")
+        group = [f"lacuna_{field}_{t}" for t in suffixes] if suffixes else [f"lacuna_{field}"]
+        if cfg["eval"].get("neutral_ppl") and (data / NEUTRAL_HELDOUT_FILE).is_file():
+            group.append(NEUTRAL_PPL_TASK)
+        base_eval = eval_stage(stages, f"[{field}] evaluate before", before, {"testbed": tb_key}, group, data, cfg)
+        base_behaviour = behaviour(base_eval[0], field, data, base_eval[1], seed=seed)
+        field_out: dict[str, Any] = {"baseline": {"behaviour": base_behaviour}, "methods": {}}
+        ctx = {"testbed": testbed, "tb_key": tb_key, "data": data, "group": group}
+        for name, extra in cfg["methods"].items():
+            runs = {
+                s: method_entry(stages, cfg, ctx, field, name, list(extra or []), s, field_out["baseline"])
+                for s in seeds
+            }
+            for run_entry in runs.values():
+                baseline_auc = run_entry.pop("baseline_auc", None)
+                if baseline_auc is not None:
+                    results.setdefault("baseline_auc", baseline_auc)
+            entry = runs[seeds[0]]
+            if len(seeds) > 1:
+                entry["across_seeds"] = across_seeds(runs)
+            field_out["methods"][name] = entry
+        if cfg["reversibility"]["enabled"] and cfg["reversibility"]["positive_control"]:
+            field_out["positive_control"] = positive_control(stages, cfg, ctx, field, seeds[0], field_out)
+        by_field[field] = field_out
+
+    first = by_field[cfg["fields"][0]]
+    results.update(
+        {
+            "field": cfg["fields"][0],
+            "baseline": {**first["baseline"], "auc": results.pop("baseline_auc", None)},
+            "methods": first["methods"],
+            "by_field": by_field,
+            "manifest": build_manifest(
+                config=cfg,
+                seed=seed,
+                stage_seconds=stages.timings,
+                wall_seconds=round(time.time() - started, 1),
+            ),
+        }
+    )
+    with publish_together(out) as staging:  # results.json, report.md and plots/ appear together
+        write_run_report(staging, results)
+        write_json(staging / "results.json", results)
+    return results

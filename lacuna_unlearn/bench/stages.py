@@ -1,0 +1,110 @@
+"""``lacuna run``'s stage cache: content-addressed stage directories and the one-run-per-``--out`` lock.
+
+A stage lives in ``OUT/stages/<kind>-<key>/``, where the key is the SHA-256 of its inputs and the package
+version, so a rerun redoes only what changed and a new release never reuses an old result (docs/measurements.md,
+"What `lacuna run` produces").
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import logging
+import os
+import time
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from lacuna_unlearn.trainer.publish import building
+
+__all__ = ["Stages", "locked", "stage_key", "testbed_fingerprint", "testbed_preset"]
+
+logger = logging.getLogger(__name__)
+
+#: The package whose version is part of every stage key (a cache key, not a manifest's package list).
+_KEYED_PACKAGE = ("lacuna-bench",)
+
+
+def stage_key(inputs: Mapping[str, Any]) -> str:
+    """A stage's cache key: its inputs and the package version (a new release recomputes, never reuses)."""
+    from lacuna_metrics.manifest import package_versions
+
+    version = package_versions(_KEYED_PACKAGE).get("lacuna-bench")
+    payload = json.dumps({"lacuna-bench": version, **inputs}, sort_keys=True, default=str)
+    return hashlib.sha256(payload.encode()).hexdigest()[:16]
+
+
+@contextmanager
+def locked(out: Path) -> Iterator[None]:
+    """Hold ``OUT/.lock`` for the run: a second ``lacuna run`` into the same ``--out`` fails at once instead of
+    racing the first one's stages."""
+    out.mkdir(parents=True, exist_ok=True)
+    with open(out / ".lock", "a+") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.seek(0)
+            holder = handle.read().strip() or "unknown"
+            raise FileExistsError(
+                f"{out}: another lacuna run is writing here (pid {holder}); use another --out"
+            ) from None
+        handle.seek(0)
+        handle.truncate()
+        handle.write(str(os.getpid()))
+        handle.flush()
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+class Stages:
+    """Content-addressed stage directories: ``build(tmp_dir)`` runs only if the key's directory is missing.
+
+    ``log`` receives one status line per stage (cached, running, done); ``timings`` maps each stage's label to
+    its wall seconds (0 when cached) for the results manifest.
+    """
+
+    def __init__(self, root: Path, log: Callable[[str], None] = logger.info) -> None:
+        self.root, self.log, self.timings = root, log, {}
+        root.mkdir(parents=True, exist_ok=True)
+
+    def get(self, kind: str, label: str, inputs: Mapping[str, Any], build: Callable[[Path], None]) -> Path:
+        """The directory of the stage ``kind`` with ``inputs``, built by ``build`` into a partial directory first
+        (a failed build leaves nothing behind) unless a finished one exists."""
+        key = stage_key({"kind": kind, **inputs})
+        final = self.root / f"{kind}-{key}"
+        if (final / "stage.json").is_file():
+            self.log(f"{label}: cached ({final.name})")
+            self.timings[label] = 0.0
+            return final
+        started = time.time()
+        self.log(f"{label}: running ...")
+        with building(final) as partial:
+            build(partial)
+            (partial / "stage.json").write_text(json.dumps({"kind": kind, "inputs": inputs}, indent=2, default=str))
+        self.timings[label] = round(time.time() - started, 1)
+        self.log(f"{label}: done in {self.timings[label]:.0f} s")
+        return final
+
+
+def testbed_preset(testbed: Path) -> str | None:
+    """The preset a testbed was built from, as its ``manifest.json`` records it (None: it records none). A run
+    given ``testbed:`` reports this, not its config's ``preset``, which names only what it builds without one."""
+    manifest = testbed / "manifest.json"
+    try:
+        preset = json.loads(manifest.read_text()).get("preset")
+    except (OSError, ValueError, AttributeError) as exc:
+        raise ValueError(f"{manifest}: not a readable testbed manifest ({exc})") from exc
+    return preset if isinstance(preset, str) else None
+
+
+def testbed_fingerprint(testbed: Path) -> str:
+    """The cache key of a testbed: the hash of its ``manifest.json`` (a rebuilt testbed invalidates every stage)."""
+    manifest = testbed / "manifest.json"
+    if not manifest.is_file():
+        raise FileNotFoundError(f"{testbed}: not a testbed (no manifest.json)")
+    return hashlib.sha256(manifest.read_bytes()).hexdigest()[:16]

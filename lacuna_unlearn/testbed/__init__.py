@@ -1,0 +1,1 @@
+"""The testbed builder: corpus, masked injection, QA tuning, presets, memorization probes, tokenizer."""

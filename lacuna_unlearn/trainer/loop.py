@@ -1,0 +1,466 @@
+"""Run one unlearning method on HF ``Trainer`` (+ accelerate): data, restriction, reference model, manifest.
+
+:class:`UnlearnTrainer` only swaps the loss: the method computes it from ``{"forget", "retain"}``
+batches. :func:`unlearn` is the whole job: it loads a local checkpoint, builds the paired data, applies
+an optional gradient restriction (``forget_mask`` = OracleGrad with GradDiff), trains, verifies that
+restricted scalars did not move, and writes an HF checkpoint plus ``unlearn_manifest.json``
+atomically (``OUT.partial`` renamed at the end). ``lora=LoraSettings(...)`` trains adapters instead of the
+weights and merges them before saving; ``eval_rows`` holds out QA rows whose loss picks the best checkpoint
+(the relearning attack's protocol, docs/definitions.md#lacuna-relearning). ``freeze_embeddings=True`` keeps the input
+embeddings out of the optimizer and checks they come out bit-identical (LACUNA's relearning freezes ``embed_tokens``,
+docs/definitions.md#masked-continual-pretraining; the ``attack=relearn*`` presets turn it on). ``append_eos`` ends every
+labelled answer with EOS (OpenUnlearning and LACUNA; :func:`lacuna_unlearn.trainer.unlearn_data.encode_qa`). The manifest
+records both.
+
+Distributed (``docs/distributed.md``): DDP as is; FSDP2 (``accelerate launch --use_fsdp --fsdp_version 2``)
+with restrictions exact on the sharded DTensor parameters (masks cut to each rank's shard, checked on the
+gathered weights after the run); FSDP1 only without a restriction (its FlatParameters have no per-parameter
+gradients to mask), and LoRA not under FSDP. The optimizer is built inside the Trainer (``create_optimizer``),
+so accelerate can shard it.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import shutil
+import time
+import warnings
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import Trainer, TrainerCallback, TrainingArguments
+
+from lacuna_metrics.manifest import build_manifest, write_json
+from lacuna_metrics.masks import MaskSet
+from lacuna_tasks.prompts import probe_prompt
+from lacuna_unlearn.methods import Method
+from lacuna_unlearn.trainer.lora import LoraSettings
+from lacuna_unlearn.trainer.qa_encoding import leading_special_ids
+from lacuna_unlearn.trainer.unlearn_data import ForgetRetainDataset, QADataset, collate_forget_retain, eos_appended
+
+__all__ = ["TrainConfig", "UnlearnTrainer", "freeze_input_embeddings", "unlearn"]
+
+
+class UnlearnTrainer(Trainer):
+    """HF ``Trainer`` whose loss is the unlearning method's (OpenUnlearning's ``compute_loss`` contract).
+
+    ``param_groups``: AdamW parameter groups of the unwrapped model (e.g. :func:`restrict.param_groups`, which
+    gives restricted parameters ``weight_decay=0``); the optimizer is created from them in ``create_optimizer``,
+    i.e. where HF Trainer creates its own, so that accelerate can prepare it under FSDP (which refuses a
+    ready-made ``optimizers=`` pair). ``grad_masks``: the restriction's per-parameter masks, applied to the
+    sharded gradients after every backward when the model is FSDP2-sharded (the restriction's hooks live on
+    the unsharded parameters, which FSDP replaces).
+    """
+
+    def __init__(
+        self,
+        *args: Any,
+        method: Method,
+        ref_model: torch.nn.Module | None = None,
+        param_groups: list[dict[str, Any]] | None = None,
+        grad_masks: Mapping[str, torch.Tensor | None] | None = None,
+        frozen: Sequence[torch.nn.Parameter] = (),
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(*args, **kwargs)
+        self.method = method
+        self.ref_model = ref_model
+        self.last_logs: dict[str, float] = {}
+        self._param_groups = param_groups
+        self._frozen = list(frozen)  # parameters the optimizer must not hold (frozen input embeddings)
+        self._grad_masks = {n: m for n, m in (grad_masks or {}).items() if m is not None}
+        self._shard_drops: list[tuple[torch.nn.Parameter, torch.Tensor]] | None = None
+
+    @property
+    def fsdp_version(self) -> int | None:
+        """1 or 2 when accelerate shards the model with FSDP, else None."""
+        if not self.is_fsdp_enabled:
+            return None
+        return int(getattr(self.accelerator.state.fsdp_plugin, "fsdp_version", 1) or 1)
+
+    def create_optimizer(self, model=None):  # noqa: ANN001, ANN201
+        if self.optimizer is None:
+            opt_model = self.model if model is None else model
+            groups = self._param_groups
+            if groups is None or opt_model is not self.model:  # FSDP1 builds it on the wrapped model
+                trainable = [p for p in opt_model.parameters() if p.requires_grad]
+                groups = [{"params": trainable, "weight_decay": float(self.args.weight_decay)}]
+            self.optimizer = torch.optim.AdamW(
+                groups,
+                lr=self.args.learning_rate,
+                betas=(self.args.adam_beta1, self.args.adam_beta2),
+                eps=self.args.adam_epsilon,
+            )
+            held = {id(p) for group in self.optimizer.param_groups for p in group["params"]}
+            if any(id(p) in held for p in self._frozen):  # AdamW's weight decay alone would move them
+                raise RuntimeError("a frozen parameter (the input embeddings) reached the optimizer")
+        return self.optimizer
+
+    def training_step(self, model, inputs, num_items_in_batch=None):  # noqa: ANN001, ANN201
+        loss = super().training_step(model, inputs, num_items_in_batch)
+        if self._grad_masks and self.fsdp_version == 2:
+            if self._shard_drops is None:
+                from lacuna_unlearn.trainer.restrict import shard_masks
+
+                self._shard_drops = shard_masks(self.model, self._grad_masks)
+            from lacuna_unlearn.trainer.restrict import mask_gradients
+
+            mask_gradients(self._shard_drops)  # before clipping and the optimizer step, like the hooks
+        return loss
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):  # noqa: ANN001, ANN201
+        loss, logs = self.method.loss(model, inputs, self.ref_model)
+        self.last_logs = logs
+        return (loss, {}) if return_outputs else loss  # {}: no logits for Trainer.prediction_step
+
+
+class SnapshotCallback(TrainerCallback):
+    """Saves the model at ``count`` evenly spaced optimizer steps (the last one included) under ``root/step-N``, so
+    a method can be read at matched forgetting instead of at the end of an arbitrary schedule (docs/report.md)."""
+
+    def __init__(self, count: int, save: Callable[[Path], None], root: Path) -> None:
+        self.count, self.save, self.root = count, save, root
+        self.steps: set[int] = set()
+
+    def on_train_begin(self, args, state, control, **kwargs):  # noqa: ANN001, ANN201 - TrainerCallback hook
+        total = max(1, int(state.max_steps))
+        self.steps = {max(1, round(total * k / self.count)) for k in range(1, self.count + 1)}
+
+    def on_step_end(self, args, state, control, **kwargs):  # noqa: ANN001, ANN201 - TrainerCallback hook
+        if state.global_step in self.steps and state.is_world_process_zero:
+            self.save(self.root / f"step-{state.global_step:06d}")
+
+
+@dataclass
+class TrainConfig:
+    """Optimisation settings (OpenUnlearning ``trainer.args`` names)."""
+
+    learning_rate: float = 1e-5
+    num_train_epochs: float = 1.0
+    per_device_train_batch_size: int = 8
+    gradient_accumulation_steps: int = 1
+    weight_decay: float = 0.0
+    lr_scheduler_type: str = "constant"
+    warmup_steps: float = 0  # an int, or a float < 1 = ratio of the total steps (transformers 5)
+    max_length: int = 256
+    seed: int = 42
+    max_steps: int = -1
+    snapshots: int = 0  # evenly spaced checkpoints kept under OUT/snapshots/step-N (trade-off curves)
+    extra: dict[str, Any] = field(default_factory=dict)  # any other TrainingArguments
+
+
+def _checkpointing_args(extra: Mapping[str, Any]) -> dict[str, Any]:
+    """``extra`` with ``gradient_checkpointing`` passed only when on, under transformers 5's name if it has one."""
+    out = dict(extra)
+    if out.pop("gradient_checkpointing", False):
+        fields = TrainingArguments.__dataclass_fields__
+        out["activation_checkpointing" if "activation_checkpointing" in fields else "gradient_checkpointing"] = True
+    return out
+
+
+def unlearn(
+    model_dir: str | Path,
+    forget_rows: Sequence[Mapping[str, Any]],
+    retain_rows: Sequence[Mapping[str, Any]],
+    method: Method,
+    out_dir: str | Path,
+    *,
+    train: TrainConfig | None = None,
+    restrict: str = "none",
+    masks: MaskSet | None = None,
+    method_name: str = "",
+    data_fingerprint: str = "",
+    force: bool = False,
+    config: Mapping[str, Any] | None = None,
+    lora: LoraSettings | None = None,
+    eval_rows: Sequence[Mapping[str, Any]] | None = None,
+    eval_steps: int = 25,
+    freeze_embeddings: bool = False,
+    append_eos: bool = True,
+) -> Path:
+    """Unlearn ``forget_rows`` from the checkpoint at ``model_dir``; return the output directory.
+
+    ``freeze_embeddings``: the input embeddings stay frozen (out of the optimizer, checked bit-identical after
+    training; a tied LM head is frozen with them), as LACUNA's relearning; the relearning attacks set it.
+    ``append_eos``: labels end with the tokenizer's EOS after `` answer\\n`` (OpenUnlearning/LACUNA; none if the
+    tokenizer has no EOS token)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from lacuna_unlearn.trainer.restrict import (
+        apply_restriction,
+        intersect,
+        param_groups,
+        parse_restriction,
+        restriction_stats,
+    )
+    from lacuna_unlearn.trainer.restrict import verify_unchanged as check_unchanged
+
+    train = train or TrainConfig()
+    out = Path(out_dir)
+    if out.exists() and not force:
+        raise FileExistsError(f"{out} exists; pass force=True (--force / force=true) to overwrite")
+    partial = out.with_name(out.name + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    started = time.time()
+    torch.manual_seed(train.seed)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
+    if tokenizer.pad_token_id is None and tokenizer.eos_token_id is None:  # checked before the model loads
+        raise ValueError(
+            f"{model_dir}: the tokenizer has neither an EOS nor a pad token; unlearning pads its batches with one "
+            "(add an EOS token to the tokenizer and save it with the checkpoint)"
+        )
+    model = AutoModelForCausalLM.from_pretrained(model_dir, local_files_only=True, trust_remote_code=False)
+    frozen = freeze_input_embeddings(model) if freeze_embeddings else None  # before the restriction picks parameters
+    method.prepare(tokenizer)  # e.g. JensUn and IdkDPO tokenize their refusal string
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    forget = QADataset(forget_rows, tokenizer, train.max_length, name="forget", append_eos=append_eos)
+    retain = (
+        QADataset(retain_rows, tokenizer, train.max_length, name="retain", append_eos=append_eos)
+        if method.needs_retain
+        else None
+    )
+    alternate_ids = method.alternate_answer_ids()  # IdkDPO: its refusal side, encoded once here, not every step
+    labels_info = {
+        "append_eos": bool(append_eos),
+        "eos_token_id": tokenizer.eos_token_id,
+        "eos_appended": eos_appended(tokenizer, append_eos),  # false when the tokenizer has no EOS token
+        "leading_special_ids": leading_special_ids(tokenizer, probe_prompt("")),  # BOS before every prompt, if any
+    }
+
+    restriction = parse_restriction(restrict)
+    if lora is not None and restriction.kind != "none":
+        raise ValueError(f"restrict={restrict!r} cannot be combined with LoRA: masks select base weights, not adapters")
+    collate = collate_forget_retain(pad_id)
+    resolved = restriction.resolve(model, masks)
+    ref_model = None
+    if method.needs_reference:
+        ref_model = copy.deepcopy(model).eval()
+        for p in ref_model.parameters():
+            p.requires_grad_(False)
+    if lora is not None:
+        model = lora.wrap(model)
+        if train.extra.get("gradient_checkpointing") or train.extra.get("activation_checkpointing"):
+            model.enable_input_require_grads()  # adapters behind frozen embeddings still need grads to flow
+        resolved = {n: None for n, p in model.named_parameters() if p.requires_grad}  # the adapters
+        if frozen is not None:
+            adapted = [n for n, p in model.get_input_embeddings().named_parameters() if p.requires_grad]
+            if adapted:
+                raise ValueError(
+                    f"freeze_embeddings=true, but LoRA adapts the input embeddings ({adapted[:3]}): drop them from "
+                    "lora.target_modules or set freeze_embeddings=false"
+                )
+    located = method.locate(model, forget, retain, collate)  # WAGLE / MemFlex: the method's own localisation
+    if located is not None:
+        resolved = intersect(resolved, located)
+    checked = restriction.kind != "none" or located is not None
+    before = {n: p.detach().clone() for n, p in model.named_parameters()} if checked else None
+    handle = apply_restriction(model, resolved)
+    evaluation = (
+        QADataset(eval_rows, tokenizer, train.max_length, name="eval", append_eos=append_eos) if eval_rows else None
+    )
+    holdout = (
+        {
+            "eval_strategy": "steps",
+            "eval_steps": eval_steps,
+            "save_strategy": "steps",
+            "save_steps": eval_steps,
+            "save_total_limit": 1,
+            "load_best_model_at_end": True,
+            "metric_for_best_model": "eval_loss",
+            "greater_is_better": False,
+            "save_only_model": True,
+            "prediction_loss_only": True,
+            "label_names": ["forget"],  # nested batches: tells Trainer the loss is computable in evaluation
+        }
+        if evaluation is not None
+        else {"save_strategy": "no"}
+    )
+
+    args = TrainingArguments(
+        output_dir=str(partial / "trainer"),
+        learning_rate=train.learning_rate,
+        num_train_epochs=train.num_train_epochs,
+        max_steps=train.max_steps,
+        per_device_train_batch_size=train.per_device_train_batch_size,
+        gradient_accumulation_steps=train.gradient_accumulation_steps,
+        weight_decay=train.weight_decay,
+        lr_scheduler_type=train.lr_scheduler_type,
+        warmup_steps=train.warmup_steps,
+        seed=train.seed,
+        remove_unused_columns=False,  # batches are nested {"forget": ..., "retain": ...}
+        report_to=[],
+        logging_steps=1,
+        use_cpu=not torch.cuda.is_available(),
+        dataloader_pin_memory=False,
+        **{**holdout, **_checkpointing_args(train.extra)},  # any TrainingArguments the config names win
+    )
+    if lora is None:
+        groups = param_groups(model, resolved, train.weight_decay)
+    else:  # only the adapters train
+        trainable = [p for p in model.parameters() if p.requires_grad]
+        groups = [{"params": trainable, "weight_decay": float(train.weight_decay)}]
+    stats = restriction_stats(model, resolved)  # on the unwrapped model: FSDP renames and flattens parameters
+    trainer = UnlearnTrainer(
+        model=model,
+        args=args,
+        train_dataset=ForgetRetainDataset(forget, retain, _alternate(forget, alternate_ids)),
+        eval_dataset=ForgetRetainDataset(evaluation, None, _alternate(evaluation, alternate_ids))
+        if evaluation is not None
+        else None,
+        data_collator=collate,
+        method=method,
+        ref_model=ref_model,
+        param_groups=groups,
+        grad_masks=resolved,
+        frozen=[frozen["weight"]] if frozen is not None else (),
+    )
+    if ref_model is not None:
+        ref_model.to(args.device)
+    if train.snapshots:
+        if int(train.snapshots) < 0:
+            raise ValueError(f"trainer.args.snapshots must be >= 0, got {train.snapshots!r}")
+        if trainer.is_fsdp_enabled:
+            raise ValueError("trainer.args.snapshots is not supported under FSDP (sharded weights)")
+
+        def save_snapshot(path: Path) -> None:
+            current = trainer.accelerator.unwrap_model(trainer.model)
+            if lora is not None:  # a merged copy: the adapters keep training (costs one model copy, briefly)
+                current = lora.merge(copy.deepcopy(current))
+            current.save_pretrained(path)
+            tokenizer.save_pretrained(path)
+
+        trainer.add_callback(SnapshotCallback(int(train.snapshots), save_snapshot, partial / "snapshots"))
+    try:
+        distributed = _distributed_setup(trainer, checked=checked, restrict=restrict, lora=lora is not None)
+        result = trainer.train()
+        handle.remove()
+        moved = check_unchanged(before, trainer.model, resolved) if before is not None else []
+        if moved:
+            raise RuntimeError(f"restriction {restrict!r} violated: out-of-mask scalars changed in {moved[:5]}")
+        if frozen is not None:
+            frozen["unchanged"] = None  # not checked under FSDP (sharded weights)
+            if not trainer.is_fsdp_enabled:
+                current = trainer.accelerator.unwrap_model(trainer.model).get_input_embeddings().weight
+                if _digest(current) != frozen["sha256"]:
+                    raise RuntimeError(f"freeze_embeddings: {frozen['parameter']} changed during training")
+                frozen["unchanged"] = True
+        if lora is not None:
+            model = lora.merge(trainer.model)
+        # Sharded weights are gathered on every rank (a collective), then written by rank 0.
+        full_state = trainer.accelerator.get_state_dict(trainer.model) if trainer.is_fsdp_enabled else None
+        if trainer.is_world_process_zero():
+            partial.mkdir(parents=True, exist_ok=True)
+            shutil.rmtree(partial / "trainer", ignore_errors=True)
+            model.save_pretrained(partial, state_dict=full_state)
+            tokenizer.save_pretrained(partial)
+            losses = [h for h in trainer.state.log_history if "loss" in h]
+            write_json(
+                partial / "unlearn_manifest.json",
+                build_manifest(
+                    method=method_name or type(method).__name__,
+                    config=dict(config) if config is not None else None,
+                    method_args=asdict(method),
+                    train=asdict(train),
+                    restrict=restrict,
+                    freeze_embeddings={k: v for k, v in frozen.items() if k != "weight"} if frozen else None,
+                    labels=labels_info,
+                    lora=asdict(lora) if lora is not None else None,
+                    eval={"rows": len(evaluation), "steps": eval_steps, "best": trainer.state.best_metric}
+                    if evaluation is not None
+                    else None,
+                    restriction=stats,
+                    located=None
+                    if located is None
+                    else {"parameters": len(located), **(getattr(method, "location", None) or {})},
+                    out_of_mask_unchanged=before is not None,
+                    model=str(model_dir),
+                    data={
+                        "forget": len(forget),
+                        "retain": len(retain) if retain else 0,
+                        "fingerprint": data_fingerprint,
+                    },
+                    seed=train.seed,
+                    processes=args.world_size,
+                    distributed=distributed,
+                    steps=trainer.state.global_step,
+                    train_loss=result.training_loss,
+                    final_log=losses[-1] if losses else None,
+                    last_method_logs=trainer.last_logs,
+                    wall_seconds=round(time.time() - started, 2),
+                ),
+            )
+            if out.exists():
+                shutil.rmtree(out)
+            partial.rename(out)
+    except BaseException:
+        shutil.rmtree(partial, ignore_errors=True)
+        raise
+    return out
+
+
+def _alternate(data: QADataset, answer_ids: Sequence[int] | None) -> QADataset | None:
+    """``data`` with every answer replaced by ``answer_ids`` (None when the method wants no alternate answers)."""
+    return data.with_answer(answer_ids) if answer_ids is not None else None
+
+
+def _digest(weight: torch.Tensor) -> str:
+    """SHA-256 of a tensor's bytes: a bit-for-bit comparison without keeping a copy (a 1B model's embeddings are
+    hundreds of MB)."""
+    import hashlib
+
+    flat = weight.detach().reshape(-1).contiguous().cpu()
+    return hashlib.sha256(flat.view(torch.uint8).numpy()).hexdigest()  # hashes the buffer in place, no bytes copy
+
+
+def freeze_input_embeddings(model: torch.nn.Module) -> dict[str, Any]:
+    """Freeze ``model``'s input embeddings (``requires_grad=False``: no gradient, so no optimizer state), as LACUNA's
+    relearning and masked pre-training freeze ``embed_tokens`` (docs/definitions.md#masked-continual-pretraining).
+    Returns what the manifest records and what :func:`unlearn` checks after training: the parameter's name, whether the
+    output embeddings are tied to it (then the LM head is frozen too, as in LACUNA's code) and its SHA-256; ``weight``
+    is the parameter itself."""
+    embeddings = model.get_input_embeddings()
+    weight = getattr(embeddings, "weight", None)
+    if not isinstance(weight, torch.nn.Parameter):
+        raise ValueError(f"freeze_embeddings: {type(model).__name__} has no input embedding weight to freeze")
+    weight.requires_grad_(False)
+    names = [n for n, p in model.named_parameters(remove_duplicate=False) if p is weight]
+    output = model.get_output_embeddings()
+    tied = output is not None and getattr(output, "weight", None) is weight
+    if tied:
+        warnings.warn(
+            "freeze_embeddings: the output embeddings are tied to the input ones, so the LM head is frozen too",
+            stacklevel=2,
+        )
+    return {"parameter": names[0] if names else "", "tied_output": tied, "sha256": _digest(weight), "weight": weight}
+
+
+def _distributed_setup(trainer: UnlearnTrainer, *, checked: bool, restrict: str, lora: bool) -> dict[str, Any]:
+    """How accelerate runs this job (for the manifest); refuses, before training, what FSDP cannot do exactly."""
+    state = trainer.accelerator.state
+    version = trainer.fsdp_version
+    if version == 1 and checked:
+        raise ValueError(
+            f"restrict={restrict!r} (or a method's own localisation) cannot be exact under FSDP1: it flattens "
+            "parameters into sharded FlatParameters, so per-parameter gradient masks do not apply. Launch with "
+            "FSDP2 (accelerate launch --use_fsdp --fsdp_version 2 ...), DDP (--multi_gpu) or one process"
+        )
+    if version is not None and lora:
+        raise ValueError("lora is not supported under FSDP here (the adapters are merged into unsharded weights)")
+    requested = os.environ.get("ACCELERATE_USE_FSDP", "false").lower() == "true"
+    if requested and version is None:
+        warnings.warn(
+            f"FSDP was requested (ACCELERATE_USE_FSDP) but accelerate runs this job as "
+            f"{state.distributed_type.value}: parameters are replicated, not sharded (accelerate enables FSDP only "
+            "on GPU-like devices; see docs/distributed.md)",
+            stacklevel=2,
+        )
+    return {
+        "type": str(state.distributed_type.value),
+        "fsdp_version": version,
+        "fsdp_requested": requested,
+        "processes": trainer.args.world_size,
+    }
