@@ -3,7 +3,7 @@
 column, the regime footnote; AUC / update-location / relearning plots). See docs/report.md.
 
 This module assembles the markdown and writes a run's report; the table rows and cells live in
-:mod:`~lacuna_metrics.report_tables`, the figures in :mod:`~lacuna_metrics.report_plots` (both re-exported here)."""
+:mod:`~lacuna_unlearn.bench.report.tables`, the figures in :mod:`~lacuna_metrics.plots` (both re-exported here)."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from lacuna_metrics.localization.auc import TARGETS
-from lacuna_metrics.report_plots import roc_series, write_field_plots, write_plots
-from lacuna_metrics.report_tables import (
+from lacuna_metrics.plots import roc_series, write_field_plots, write_plots
+from lacuna_unlearn.bench.report.tables import (
     SEED_COLUMNS,
     _control_note,
     _field_table,

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from matplotlib.image import imread
 
+from lacuna_metrics.plots import _axis_ranges
 from lacuna_metrics.report import (
     disagrees,
     markdown_summary,
@@ -19,7 +20,6 @@ from lacuna_metrics.report import (
     write_plots,
     write_run_report,
 )
-from lacuna_metrics.report_plots import _axis_ranges
 
 TARGETS = ("forget", "unified", "forget_vs_retain")
 
