@@ -406,7 +406,8 @@ def score_to_dir(out: PathLike, *, plots: bool = False, **kwargs: Any) -> Path:
     scoring or any of the writers fails.
     """
     from lacuna_metrics.manifest import publish_together, write_json, write_text
-    from lacuna_metrics.report import markdown_summary, write_plots
+    from lacuna_metrics.plots import write_plots
+    from lacuna_metrics.report import markdown_summary
 
     result = score_pair(**kwargs)
     out = Path(out)

@@ -11,15 +11,11 @@ import numpy as np
 import pytest
 from matplotlib.image import imread
 
-from lacuna_metrics.plots import _axis_ranges
-from lacuna_metrics.report import (
-    disagrees,
-    markdown_summary,
-    roc_series,
-    run_markdown,
-    write_plots,
-    write_run_report,
-)
+from lacuna_metrics.plots import roc_series, write_plots
+from lacuna_metrics.report import markdown_summary
+from lacuna_unlearn.bench.report.markdown import run_markdown, write_run_report
+from lacuna_unlearn.bench.report.plots import _axis_ranges
+from lacuna_unlearn.bench.report.tables import disagrees
 
 TARGETS = ("forget", "unified", "forget_vs_retain")
 

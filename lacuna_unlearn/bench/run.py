@@ -102,7 +102,7 @@ def run_benchmark(
 
 def _run_locked(out: Path, cfg: dict[str, Any], log: Callable[[str], None]) -> dict[str, Any]:
     from lacuna_metrics.manifest import build_manifest, publish_together, write_json
-    from lacuna_metrics.report import write_run_report
+    from lacuna_unlearn.bench.report.markdown import write_run_report
 
     started = time.time()
     stages = Stages(out / "stages", log)

@@ -242,7 +242,7 @@ def _run_preset(args: argparse.Namespace, preset: str, flags: dict[str, Any]) ->
     ``flags`` (dotted keys)."""
     existing("--config", args.config, "file")
     out = writable("--out", args.out or f"runs/{preset}", directory=True)
-    from lacuna_metrics.report import run_markdown
+    from lacuna_unlearn.bench.report.markdown import run_markdown
     from lacuna_unlearn.bench.run import load_run_config, run_benchmark
     from lacuna_unlearn.dataclass_config import parse_overrides
 

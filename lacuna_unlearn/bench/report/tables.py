@@ -1,20 +1,14 @@
 """The markdown tables of a ``lacuna run`` report: one row per method with persons and intervals beside every rate,
-the positive-control note, matched forgetting and mean ± sd over seeds (docs/report.md). :mod:`lacuna_metrics.report`
+the positive-control note, matched forgetting and mean ± sd over seeds (docs/report.md). :mod:`lacuna_unlearn.bench.report.markdown`
 assembles them into ``report.md``."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from lacuna_metrics.report import fmt as _fmt
+
 __all__ = ["SEED_COLUMNS", "disagrees"]
-
-
-def _fmt(value: Any, digits: int = 4) -> str:
-    if value is None:
-        return "n/a"
-    if isinstance(value, float):
-        return f"{value:.{digits}f}"
-    return str(value)
 
 
 def _pct(value: Any) -> str:

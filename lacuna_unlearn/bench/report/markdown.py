@@ -1,0 +1,102 @@
+"""``report.md`` of a ``lacuna run``: per field the LACUNA-style table with persons beside every rate, a one-line
+legend per column, the regime footnote, and the plots (docs/report.md). Rows and cells live in
+:mod:`~lacuna_unlearn.bench.report.tables`, the figures in :mod:`~lacuna_unlearn.bench.report.plots`."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from lacuna_unlearn.bench.report.plots import write_field_plots
+from lacuna_unlearn.bench.report.tables import _control_note, _field_table, _fields, _matched_table, _seed_table
+
+__all__ = ["run_markdown", "write_run_report"]
+
+
+def run_markdown(results: dict[str, Any]) -> str:
+    """The LACUNA-style table of a ``lacuna run`` per field: one row per method, the model before unlearning, the
+    trivial magnitude detector; then one legend line per column."""
+    fields = _fields(results)
+    names = ", ".join(f"`{f}`" for f in fields)
+    lines = [f"# lacuna run: {results.get('preset', '?')} testbed, field{'s' if len(fields) > 1 else ''} {names}", ""]
+    trivial = (results.get("baseline") or {}).get("auc")
+    trivial = trivial if isinstance(trivial, dict) else {}
+    every = [m for e in fields.values() for m in (e.get("methods") or {}).values()]
+    attempts = next((m["attack"]["attempts"] for m in every if m.get("attack")), "N")
+    regime_cfg = next(((m.get("regime") or {}).get("thresholds") for m in every if m.get("regime")), None) or {}
+    tau_rev, tau_cat = regime_cfg.get("tau_rev", "tau_rev"), regime_cfg.get("tau_cat", "tau_cat")
+    footnote = False
+    for field, entry in fields.items():
+        if len(fields) > 1:
+            lines += [f"## Field `{field}`", ""]
+        table, marked = _field_table(entry, trivial, attempts)
+        lines += [*table, "", *_control_note(entry), *_matched_table(entry), *_seed_table(entry)]
+        footnote = footnote or marked
+    if footnote:
+        lines += [
+            f"† The regime and Success@{attempts} point different ways. The regime reads only the QA forget leak (one "
+            f"prompt per person) before unlearning, after unlearning and after relearning (reversible iff relearning "
+            f"recovers ≥ tau_rev = {tau_rev} of the removed leak; catastrophic iff retain acc after unlearning drops by "
+            f"more than tau_cat = {tau_cat}); Success@{attempts} is the extraction probe ({attempts} fresh prompts per "
+            f'person), which finds facts the single QA prompt misses. "irreversible" with Success@{attempts} > 0 after '
+            "relearning: the QA answer stayed gone, the fact did not.",
+            "",
+        ]
+    lines += [
+        "## Reading this table",
+        "",
+        "- **n**: persons behind a rate (the field's forget or retain people in the testbed's splits; Success@N: "
+        "the attacked forget people); few persons make coarse rates (n=1 gives only 0 or 1).",
+        "- **[low, high]**: 95% percentile bootstrap interval of the rate, resampling persons (never documents); "
+        "[v, v] means the persons showed no spread, not certainty.",
+        "- **forget EM / ES / Prob**: teacher-forced exact match, extraction strength and answer probability on the "
+        "forget people's QA (lower = more forgotten).",
+        "- **forget leak**: share of forget people whose answer the model generates to their QA prompt, unlearned → "
+        "after the relearning attack (lower = forgotten).",
+        "- **retain acc**: share of retain people still answered, unlearned → after relearning (higher = kept; "
+        "compare with the first row).",
+        "- **held-out retain acc**: share of retain-eval people (memorized like the retain people, in no unlearning "
+        "input) still answered; the retain acc column's people are the ones the retain loss trains on.",
+        "- **cross-field acc**: share of the forget people's other three fields still answered (a `field=email` run "
+        "must keep their birth city).",
+        "- **J_W**: share of forget people leaking under any of 15 paraphrases or in-context retain prompts (worst "
+        "case; n/a when the evaluated tasks leave it out).",
+        "- **AUC(F) / AUC(F-R) / AUC(F vs R)**: does the update's size single out the forget scalars (vs all others / "
+        "forget + retain vs outside / vs retain only); 0.5 = chance, 1 = exactly; best scoring function in brackets, "
+        "taken only over the families that null updates (noise that knows nothing of the masks) leave at 0.5 ± the "
+        "tolerance; **lift** = the largest AUC − null AUC over every family (docs/scoring.md, 'Null calibration').",
+        "- **trivial detector**: the same AUCs from |θ_before| / |θ_before − θ_base| with no unlearning at all; a "
+        "method's AUC shows localization only where it beats this row.",
+        "- **FRAG**: forget alignment − γ × retain alignment of the weight update (higher predicts forgetting that "
+        "survives relearning, docs/definitions.md#frag-score).",
+        f"- **Success@N**: share of forget people leaking in at least one of N = {attempts} fresh extraction prompts, "
+        "unlearned → relearned (a jump = suppressed, not erased).",
+        "- **regime** (docs/definitions.md#forgetting-regimes): from the QA forget leak, reversible iff relearning "
+        f"recovers ≥ tau_rev = {tau_rev} of the removed leak (ρ: the share recovered); catastrophic iff retain acc "
+        f"drops > tau_cat = {tau_cat}. "
+        "With the reversibility protocol (the default), relearning is restricted to |D_f| rows from the forget, "
+        "retain and unrelated sources and the source that recovers most decides (named after ρ); without it, the "
+        "held-out relearning attack of the forget leak column.",
+        "- **positive control**: a method that only hides the answer (a refusal objective on the last layer, which "
+        "holds no fact); it must come out reversible, or the protocol is too weak and regimes read `undetermined`.",
+    ]
+    wall = (results.get("manifest") or {}).get("wall_seconds")
+    if wall is not None:
+        lines += ["", f"Wall time of this run (cached stages count 0): {wall:.0f} s."]
+    return "\n".join(lines) + "\n"
+
+
+def write_run_report(out_dir: str | os.PathLike[str], results: dict[str, Any]) -> list[Path]:
+    """``report.md`` and ``plots/{auc,layers,relearning}.png`` of a ``lacuna run`` (all written atomically). A run
+    over several fields writes the first field's plots under these names and the others' as ``auc-<field>.png``."""
+    from lacuna_metrics.manifest import write_text
+
+    out = Path(out_dir)
+    written = [write_text(out / "report.md", run_markdown(results))]
+    trivial = (results.get("baseline") or {}).get("auc")
+    trivial = trivial if isinstance(trivial, dict) else {}
+    for i, (field, entry) in enumerate(_fields(results).items()):
+        suffix = "" if i == 0 else f"-{field}"
+        written += write_field_plots(out / "plots", entry.get("methods") or {}, trivial, suffix=suffix, field=field)
+    return written
