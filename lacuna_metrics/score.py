@@ -23,14 +23,14 @@ from lacuna_metrics.localization.precision import Localization, LocalizationConf
 from lacuna_metrics.manifest import build_manifest
 from lacuna_metrics.masks import MaskError, MaskReader
 from lacuna_metrics.masks.files import Verification
-from lacuna_metrics.results import SCHEMAS
+from lacuna_metrics.schemas import SCHEMAS
 from lacuna_metrics.weights.checkpoints import Checkpoint, check_compatible
 from lacuna_metrics.weights.pair_walk import PairHook, PairWalk
 from lacuna_tasks.logs import progress as progress_bar
 
 __all__ = ["SCHEMA", "SCHEMA_VERSION", "default_cache_dir", "score_pair", "score_to_dir"]
 
-#: score.json's schema name and version (lacuna_metrics.results.SCHEMAS). Version 2: every input names its
+#: score.json's schema name and version (lacuna_metrics.schemas.SCHEMAS). Version 2: every input names its
 #: checkpoint by resolved path and content fingerprint (Checkpoint.fingerprint), ``manifest.masks`` is
 #: ``{path, fingerprint}``; version 1 fingerprints hashed only the first/last MiB.
 SCHEMA, SCHEMA_VERSION = SCHEMAS["score"]

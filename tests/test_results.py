@@ -1,4 +1,4 @@
-"""One home for results facts (lacuna_metrics.results): the metric table the gate derives its keys from, the schema
+"""One home for results facts (lacuna_unlearn.bench.metric_table, lacuna_metrics.schemas): the metric table the gate derives its keys from, the schema
 stamps, and the one lm-eval results reader (lacuna_tasks.harness.results) with its two rules (newest run of one
 model; the ``none`` filter, else a metric's only filter) seen through each consumer: ``lacuna gate``,
 ``accuracies_from_lm_eval`` (``lacuna reversibility``) and ``lacuna_tasks.harness.evaluate``."""
@@ -13,23 +13,18 @@ from pathlib import Path
 import pytest
 
 from lacuna_metrics.behaviour.regimes import accuracies_from_lm_eval
-from lacuna_metrics.results import (
-    METRIC_TABLE,
-    SCHEMAS,
+from lacuna_metrics.schemas import SCHEMAS, read_schema, schema_stamp
+from lacuna_tasks.harness.results import (
     LmEvalResultsError,
     find_lm_eval_results,
-    lm_eval_metrics,
     metric_value,
     read_lm_eval_results,
-    read_schema,
     resolve_lm_eval_results,
-    run_metric_paths,
-    schema_stamp,
-    score_metric_paths,
     task_metrics,
 )
 from lacuna_unlearn.bench.gate import command as gate
 from lacuna_unlearn.bench.gate import subjects as gate_subjects
+from lacuna_unlearn.bench.metric_table import METRIC_TABLE, lm_eval_metrics, run_metric_paths, score_metric_paths
 
 FORGET, RETAIN = "lacuna_email_forget_qa", "lacuna_email_retain_qa"
 

@@ -52,7 +52,7 @@ from lacuna_metrics.diagnose.probes import (
 )
 from lacuna_metrics.diagnose.similarity import Array, linear_cka, mean_pca_distance, pca_shift, pca_similarity
 from lacuna_metrics.manifest import build_manifest, save_figure
-from lacuna_metrics.results import SCHEMAS, schema_stamp
+from lacuna_metrics.schemas import SCHEMAS, schema_stamp
 
 __all__ = [
     "FISHER_LABELS",
@@ -71,7 +71,7 @@ __all__ = [
     "write_diagnose_plots",
 ]
 
-#: diagnose.json's schema name and version, declared once in :data:`lacuna_metrics.results.SCHEMAS`.
+#: diagnose.json's schema name and version, declared once in :data:`lacuna_metrics.schemas.SCHEMAS`.
 SCHEMA, SCHEMA_VERSION = SCHEMAS["diagnose"]
 #: Extra text tokenized by both tokenizers when checking that they agree.
 _PROBE_TEXT = "Q: What is the email address of Jane Doe-Smith?\nA: jane.doe42@example.org, phone +1 (555) 010-9999\n"

@@ -15,7 +15,7 @@ through this module, so they agree on two rules (docs/ci.md, "Which lm-eval resu
   standard errors, not metrics.
 
 Lives in ``lacuna_tasks`` because :mod:`lacuna_tasks.harness.evaluate` needs it and may not import ``lacuna_metrics``;
-:mod:`lacuna_metrics.results` re-exports it.
+The gate and ``lacuna run`` (:mod:`lacuna_unlearn.bench`) read through it too.
 """
 
 from __future__ import annotations

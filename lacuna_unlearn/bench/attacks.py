@@ -31,7 +31,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from lacuna_metrics.results import schema_stamp
+from lacuna_metrics.schemas import schema_stamp
 from lacuna_tasks.normalize import JUDGE_RULES, JUDGES, SUCCESS_AT_N_JUDGE, check_judge, judge_hit
 from lacuna_unlearn.trainer.relearn_rows import attack_rows, check_attack_settings, config_error_line, split_rows
 

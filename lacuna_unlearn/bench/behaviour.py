@@ -2,7 +2,7 @@
 persons and bootstrap intervals.
 
 Which lm-eval task and metric each behaviour metric comes from is declared once, in
-:data:`lacuna_metrics.results.BEHAVIOUR_METRICS` (docs/tasks.md).
+:data:`lacuna_unlearn.bench.metric_table.BEHAVIOUR_METRICS` (docs/tasks.md).
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from lacuna_metrics.results import BEHAVIOUR_METRICS
 from lacuna_tasks.schema import NEUTRAL_PPL_TASK
+from lacuna_unlearn.bench.metric_table import BEHAVIOUR_METRICS
 from lacuna_unlearn.bench.stages import Stages
 
 __all__ = ["BEHAVIOUR_METRICS", "behaviour", "eval_stage"]

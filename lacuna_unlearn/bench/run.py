@@ -26,10 +26,11 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from lacuna_metrics.results import BEHAVIOUR_METRICS, schema_stamp
+from lacuna_metrics.schemas import schema_stamp
 from lacuna_tasks.schema import NEUTRAL_HELDOUT_FILE, NEUTRAL_PPL_TASK
 from lacuna_unlearn.bench.behaviour import behaviour, eval_stage
 from lacuna_unlearn.bench.method_stages import method_entry, positive_control
+from lacuna_unlearn.bench.metric_table import BEHAVIOUR_METRICS
 from lacuna_unlearn.bench.run_config import (  # noqa: F401  (re-exported: the pipeline's config)
     DEFAULT_RUN,
     POSITIVE_CONTROL,

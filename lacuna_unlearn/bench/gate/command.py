@@ -32,7 +32,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from lacuna_metrics.results import find_lm_eval_results
+from lacuna_tasks.harness.results import find_lm_eval_results
 from lacuna_unlearn.bench.gate.criteria import (
     _BUILTINS,
     FAIL,

@@ -1,6 +1,6 @@
 """The criteria of ``lacuna gate`` and what they are checked against: metric keys, thresholds, verdicts.
 
-The metric keys are those of :data:`lacuna_metrics.results.METRIC_TABLE` (one table for ``lacuna run``, the
+The metric keys are those of :data:`lacuna_unlearn.bench.metric_table.METRIC_TABLE` (one table for ``lacuna run``, the
 gate and the reports); a criterion names one of them or a dotted JSON path (docs/ci.md).
 """
 
@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from lacuna_metrics.results import METRIC_TABLE
+from lacuna_unlearn.bench.metric_table import METRIC_TABLE
 
 __all__ = [
     "FAIL",

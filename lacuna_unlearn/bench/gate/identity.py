@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from lacuna_metrics.results import SCHEMAS, read_schema
+from lacuna_metrics.schemas import SCHEMAS, read_schema
 from lacuna_unlearn.bench.gate.criteria import GateError, _get, _is_number
 
 __all__ = ["Identity", "fingerprint_memo", "verify_pair"]

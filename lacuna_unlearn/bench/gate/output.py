@@ -1,5 +1,5 @@
 """The verdicts of ``lacuna gate`` as output: the text table, JUnit XML for CI reporters, and the JSON report
-(stamped with the ``gate`` schema of :data:`lacuna_metrics.results.SCHEMAS`)."""
+(stamped with the ``gate`` schema of :data:`lacuna_metrics.schemas.SCHEMAS`)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from lacuna_metrics.results import schema_stamp
+from lacuna_metrics.schemas import schema_stamp
 from lacuna_unlearn.bench.gate.criteria import FAIL, MISSING, PASS, Criterion, Subject, Verdict, _fmt, exit_code
 
 __all__ = ["format_table", "verdicts_json", "write_junit"]

@@ -1,6 +1,6 @@
 """The inputs of ``lacuna gate``: which file a path means, its kind, and the subjects criteria are checked on.
 
-Metric locations come from :mod:`lacuna_metrics.results` (``METRIC_TABLE``, schema names); lm-eval results are
+Metric locations come from :mod:`lacuna_unlearn.bench.metric_table` (``METRIC_TABLE``) and :mod:`lacuna_metrics.schemas`; lm-eval results are
 found and read by the one reader, :mod:`lacuna_tasks.harness.results` (newest run of one model, the ``none``
 filter; docs/ci.md).
 """
@@ -14,16 +14,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from lacuna_metrics.results import (
-    SCHEMAS,
-    LmEvalResultsError,
-    lm_eval_metrics,
-    metric_value,
-    read_schema,
-    resolve_lm_eval_results,
-    run_metric_paths,
-    score_metric_paths,
-)
+from lacuna_metrics.schemas import SCHEMAS, read_schema
+from lacuna_tasks.harness.results import LmEvalResultsError, metric_value, resolve_lm_eval_results
 from lacuna_unlearn.bench.gate.criteria import Document, GateError, Subject, _get
 from lacuna_unlearn.bench.gate.identity import (
     _run_method_identity,
@@ -31,6 +23,7 @@ from lacuna_unlearn.bench.gate.identity import (
     _score_version_notes,
     verify_pair,
 )
+from lacuna_unlearn.bench.metric_table import lm_eval_metrics, run_metric_paths, score_metric_paths
 
 __all__ = ["load_subjects"]
 
@@ -68,7 +61,7 @@ def _read_json(path: Path) -> Any:
 
 def _kind(doc: Any) -> str | None:
     """``run``, ``score`` or ``lm-eval`` (results and configs), by the schema name in either shape
-    (:func:`lacuna_metrics.results.read_schema`); None for anything else."""
+    (:func:`lacuna_metrics.schemas.read_schema`); None for anything else."""
     if not isinstance(doc, dict):
         return None
     name, _ = read_schema(doc)

@@ -1,46 +1,23 @@
-"""One home for what a Lacuna result *is*: the metric table, the schema names and versions.
+"""One home for the metric keys of a Lacuna result: what each means and where ``results.json``, ``score.json`` and
+lm-eval results hold it.
 
-Every reader and writer of ``results.json`` / ``score.json`` / lm-eval results (``lacuna run``, ``lacuna gate``,
-``lacuna report``) derives its tables from :data:`METRIC_TABLE` and its schema stamps from :data:`SCHEMAS`,
-so a metric or a schema bump is declared once. The task suffixes are those of the per-field lm-eval tasks
-``lacuna_<field>_<suffix>`` (docs/tasks.md).
-
-lm-eval results files are read by one reader, :mod:`lacuna_tasks.harness.results` (re-exported here: which file a
-directory means, how ``metric,filter`` keys are read; docs/ci.md). It lives in ``lacuna_tasks`` because
-``lacuna_tasks.harness.evaluate`` needs it too.
+``lacuna run`` (the writer of ``results.json``), ``lacuna gate`` and the run report derive their tables from
+:data:`METRIC_TABLE`, so a metric is declared once. The task suffixes are those of the per-field lm-eval tasks
+``lacuna_<field>_<suffix>`` (docs/tasks.md). Schema names and versions are :mod:`lacuna_metrics.schemas`; lm-eval
+results files are read by :mod:`lacuna_tasks.harness.results`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
-
-from lacuna_tasks.harness.results import (
-    LmEvalResultsError,
-    find_lm_eval_results,
-    metric_value,
-    read_lm_eval_results,
-    resolve_lm_eval_results,
-    task_metrics,
-)
 
 __all__ = [
     "BEHAVIOUR_METRICS",
     "METRIC_TABLE",
-    "SCHEMAS",
-    "LmEvalResultsError",
     "MetricSpec",
-    "find_lm_eval_results",
     "lm_eval_metrics",
-    "metric_value",
-    "read_lm_eval_results",
-    "read_schema",
-    "resolve_lm_eval_results",
     "run_metric_paths",
-    "schema_stamp",
     "score_metric_paths",
-    "task_metrics",
 ]
 
 
@@ -158,32 +135,3 @@ def run_metric_paths() -> dict[str, str]:
 def score_metric_paths() -> dict[str, str]:
     """Metric key -> dotted path inside a ``score.json`` (only metrics a score.json holds)."""
     return {key: spec.score_path for key, spec in METRIC_TABLE.items() if spec.score_path is not None}
-
-
-#: Artifact kind -> (schema name, newest version this package writes and reads).
-SCHEMAS: dict[str, tuple[str, int]] = {
-    "run": ("lacuna-bench/run", 1),  # lacuna run's results.json
-    "score": ("lacuna-bench/score", 2),  # lacuna score's score.json (2: fingerprints cover every weight byte)
-    "gate": ("lacuna-bench/gate", 1),  # lacuna gate --json
-    "attack": ("lacuna-bench/attack", 3),  # 3: Success@N under a named judge (default lacuna)
-    "diagnose": ("lacuna-bench/diagnose", 1),
-}
-
-
-def schema_stamp(kind: str) -> dict[str, Any]:
-    """``{"name": ..., "version": ...}`` for a new artifact of ``kind`` (a :data:`SCHEMAS` key)."""
-    if kind not in SCHEMAS:
-        raise KeyError(f"unknown artifact kind {kind!r}; known: {', '.join(SCHEMAS)}")
-    name, version = SCHEMAS[kind]
-    return {"name": name, "version": version}
-
-
-def read_schema(doc: Mapping[str, Any]) -> tuple[str | None, Any]:
-    """(schema name, version) of a JSON document in either shape this package has written:
-    ``"schema": {"name", "version"}`` or ``"schema": NAME`` beside ``"schema_version"`` / ``"version"``."""
-    schema = doc.get("schema")
-    if isinstance(schema, Mapping):
-        return schema.get("name"), schema.get("version")
-    if isinstance(schema, str):
-        return schema, doc.get("schema_version", doc.get("version"))
-    return None, None

@@ -1,0 +1,38 @@
+"""One home for the schema names and versions of every artifact lacuna-bench writes, so a schema bump is declared
+once: ``score.json``, ``results.json``, the gate's, the attack's and the diagnostics' JSON (docs/report.md)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+__all__ = ["SCHEMAS", "read_schema", "schema_stamp"]
+
+
+#: Artifact kind -> (schema name, newest version this package writes and reads).
+SCHEMAS: dict[str, tuple[str, int]] = {
+    "run": ("lacuna-bench/run", 1),  # lacuna run's results.json
+    "score": ("lacuna-bench/score", 2),  # lacuna score's score.json (2: fingerprints cover every weight byte)
+    "gate": ("lacuna-bench/gate", 1),  # lacuna gate --json
+    "attack": ("lacuna-bench/attack", 3),  # 3: Success@N under a named judge (default lacuna)
+    "diagnose": ("lacuna-bench/diagnose", 1),
+}
+
+
+def schema_stamp(kind: str) -> dict[str, Any]:
+    """``{"name": ..., "version": ...}`` for a new artifact of ``kind`` (a :data:`SCHEMAS` key)."""
+    if kind not in SCHEMAS:
+        raise KeyError(f"unknown artifact kind {kind!r}; known: {', '.join(SCHEMAS)}")
+    name, version = SCHEMAS[kind]
+    return {"name": name, "version": version}
+
+
+def read_schema(doc: Mapping[str, Any]) -> tuple[str | None, Any]:
+    """(schema name, version) of a JSON document in either shape this package has written:
+    ``"schema": {"name", "version"}`` or ``"schema": NAME`` beside ``"schema_version"`` / ``"version"``."""
+    schema = doc.get("schema")
+    if isinstance(schema, Mapping):
+        return schema.get("name"), schema.get("version")
+    if isinstance(schema, str):
+        return schema, doc.get("schema_version", doc.get("version"))
+    return None, None
