@@ -92,6 +92,13 @@ def _threshold(text: str) -> float:
     return value
 
 
+#: keyword arguments of ``lacuna gate``'s ``add_parser`` (:mod:`lacuna_unlearn.bench.cli.main`).
+PARSER = dict(
+    help="CI gate: pass/fail criteria over results.json, lm-eval results or score.json (exit 1 on failure)",
+    description="Check thresholds (--max-leak, --min-auc, --check PATH<=X, ...); see docs/ci.md.",
+)
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Add the ``lacuna gate`` arguments to ``parser`` (a subparser of the main CLI)."""
     parser.description = parser.description or (

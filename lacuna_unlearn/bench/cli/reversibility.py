@@ -1,0 +1,69 @@
+"""``lacuna reversibility``: the forgetting regime from lm-eval results."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from lacuna_tasks.schema import FIELDS
+from lacuna_unlearn.bench.cli.checks import (
+    check_reversibility,
+    finite,
+)
+from lacuna_unlearn.bench.run_config import RegimeConfig
+
+#: keyword arguments of this subcommand's ``add_parser``
+PARSER = dict(
+    help=(
+        "recovery ratio, catastrophic drop and the forgetting regime from lm-eval results "
+        "(docs/definitions.md#forgetting-regimes)"
+    )
+)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    fields = list(FIELDS)
+    parser.add_argument("--original", required=True, help="lm-eval results (file or --output_path dir), original model")
+    parser.add_argument("--unlearned", required=True, help="lm-eval results of the unlearned model")
+    parser.add_argument("--relearned", required=True, help="lm-eval results of the relearned model")
+    parser.add_argument("--field", default=fields[0], choices=fields)
+    parser.add_argument(
+        "--tau-rev", type=finite(), default=RegimeConfig.tau_rev, help="reversible iff recovery >= this"
+    )
+    parser.add_argument("--tau-cat", type=finite(), default=RegimeConfig.tau_cat, help="catastrophic iff drop > this")
+    parser.add_argument("--relative", action="store_true", help="retain drop relative to the original accuracy")
+    parser.add_argument("--diagnose", help="diagnose.json to attach as representation evidence")
+    parser.add_argument("--out", help="write the result JSON here")
+
+
+def run(args: argparse.Namespace) -> int:
+    diag = check_reversibility(args)
+
+    from lacuna_metrics.behaviour.regimes import accuracies_from_lm_eval, classify_regime
+    from lacuna_metrics.manifest import write_json
+
+    forget_task, retain_task = f"lacuna_{args.field}_forget_qa", f"lacuna_{args.field}_retain_qa"
+    acc = {
+        name: accuracies_from_lm_eval(path, forget_task, retain_task)
+        for name, path in (("original", args.original), ("unlearned", args.unlearned), ("relearned", args.relearned))
+    }
+    result = classify_regime(
+        acc["original"][0], acc["unlearned"][0], acc["relearned"][0], acc["original"][1], acc["unlearned"][1],
+        tau_rev=args.tau_rev, tau_cat=args.tau_cat, relative=args.relative,
+    )  # fmt: skip
+    result["accuracies"] = {k: {"forget": v[0], "retain": v[1]} for k, v in acc.items()}
+    if diag is not None:
+        result["representation"] = {
+            entry["path"]: {
+                "mean_pca_distance": entry.get("mean_pca_distance"),
+                "pca_sim_by_layer": [row.get("pca_sim") for row in entry.get("per_layer", [])],
+                "cka_by_layer": [row.get("cka") for row in entry.get("per_layer", [])],
+            }
+            for entry in diag.get("updated", [])
+        }
+    print(json.dumps({k: v for k, v in result.items() if k != "representation"}, indent=2))
+    if args.out:
+        write_json(Path(args.out), result)
+        print(f"wrote {args.out}")
+    return 0

@@ -1,0 +1,58 @@
+"""``lacuna run``: the whole benchmark as one cached pipeline."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from typing import Any
+
+from lacuna_unlearn.bench.cli.checks import (
+    existing,
+    seed_list,
+    writable,
+)
+from lacuna_unlearn.bench.run_config import RunConfig
+from lacuna_unlearn.dataclass_config import preset_names
+
+
+def run_preset(args: argparse.Namespace, preset: str, flags: dict[str, Any]) -> int:
+    """``lacuna run`` of run preset ``preset``, updated by ``--config``, then ``--set``, then the command's own
+    ``flags`` (dotted keys)."""
+    existing("--config", args.config, "file")
+    out = writable("--out", args.out or f"runs/{preset}", directory=True)
+    from lacuna_unlearn.bench.report.markdown import run_markdown
+    from lacuna_unlearn.bench.run import load_run_config, run_benchmark
+    from lacuna_unlearn.dataclass_config import parse_overrides
+
+    overrides = {**parse_overrides(args.set), **flags}
+    cfg = load_run_config(args.config, preset=preset, overrides=overrides)
+    results = run_benchmark(out, cfg, log=logging.getLogger("lacuna_unlearn.bench.run").info)
+    print(run_markdown(results))
+    print(f"wrote {out / 'results.json'}, {out / 'report.md'} and {out / 'plots'}/")
+    return 0
+
+
+#: keyword arguments of this subcommand's ``add_parser``
+PARSER = dict(
+    help="the whole benchmark: testbed, unlearning methods, lm-eval, scores, attacks, regimes, report",
+    description="Run (or resume from the stage cache) a declarative experiment; default: the mini preset.",
+)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--preset", default=RunConfig.preset, choices=preset_names("run"), help="run preset")
+    parser.add_argument("--config", help="YAML run config overriding the preset (fields, methods, probes)")
+    parser.add_argument(
+        "--set", action="append", default=[], metavar="KEY=VALUE", help="run setting: attack.attempts=50"
+    )
+    parser.add_argument(
+        "--seeds",
+        type=seed_list,
+        default=None,
+        help="unlearning seeds, e.g. 1,2,3: every method once per seed, mean ± sd of every metric (docs/report.md)",
+    )
+    parser.add_argument("--out", help="run directory (default: runs/PRESET); stages are cached in OUT/stages")
+
+
+def run(args: argparse.Namespace) -> int:
+    return run_preset(args, args.preset, {"seeds": args.seeds} if args.seeds is not None else {})
