@@ -27,7 +27,7 @@ def lacuna_task_dir() -> str | None:
     nothing but the standard library.
     """
     try:
-        from lacuna_tasks.harness.register import tasks_dir
+        from lacuna_tasks import tasks_dir
 
         return str(tasks_dir())
     except (ImportError, FileNotFoundError):

@@ -30,11 +30,8 @@ def main() -> None:
 
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from lacuna_metrics.behaviour.probes import greedy_generate
-    from lacuna_tasks.loader import load_data
-    from lacuna_tasks.normalize import DEFAULT_JUDGE, judge_hit
-    from lacuna_tasks.prompts import pick_icr_examples, probe_prompt
-    from lacuna_tasks.schema import get_field
+    from lacuna_metrics import greedy_generate
+    from lacuna_tasks import DEFAULT_JUDGE, get_field, judge_hit, load_data, pick_icr_examples, probe_prompt
 
     model_dir = args.testbed / "model"
     tokenizer = AutoTokenizer.from_pretrained(model_dir, local_files_only=True, trust_remote_code=False)

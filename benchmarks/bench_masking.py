@@ -27,10 +27,8 @@ def main() -> None:
 
     from transformers import Olmo2ForCausalLM
 
-    from lacuna_metrics.masks import build_masks, named_shapes_of
-    from lacuna_unlearn.testbed.build import model_config
-    from lacuna_unlearn.testbed.injection import StepBatches, StepPlan, mask_gradients, train_steps
-    from lacuna_unlearn.testbed.presets import get_preset
+    from lacuna_metrics import build_masks, named_shapes_of
+    from lacuna_unlearn import StepBatches, StepPlan, get_preset, mask_gradients, model_config, train_steps
 
     cfg = get_preset(args.preset)
     config = model_config(cfg, cfg.vocab_size, pad_id=0, eos_id=1)

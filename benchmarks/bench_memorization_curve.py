@@ -54,13 +54,23 @@ def main() -> None:
     from accelerate import PartialState
     from transformers import TrainerCallback
 
-    from lacuna_unlearn.dataclass_config import parse_overrides as _parse_overrides
-    from lacuna_unlearn.testbed.build import _batches, _build_masks, _num_layers, _splits, _tokenizer_and_model
-    from lacuna_unlearn.testbed.corpus import pack, testbed_corpus
-    from lacuna_unlearn.testbed.injection import NEUTRAL, StepPlan, train_steps
-    from lacuna_unlearn.testbed.presets import get_preset
-    from lacuna_unlearn.testbed.probes import memorization_test, robustness_test
-    from lacuna_unlearn.testbed.qa_tuning import qa_tune
+    from lacuna_unlearn import (
+        NEUTRAL,
+        StepPlan,
+        count_layers,
+        get_preset,
+        injection_batches,
+        memorization_test,
+        pack,
+        qa_tune,
+        robustness_test,
+        testbed_corpus,
+        testbed_masks,
+        testbed_splits,
+        tokenizer_and_model,
+        train_steps,
+    )
+    from lacuna_unlearn import parse_overrides as _parse_overrides
 
     cfg = get_preset(args.preset, **_parse_overrides(args.set))
     state = PartialState(cpu=True)
@@ -68,15 +78,15 @@ def main() -> None:
     build_clock = [0.0]  # build seconds, probes excluded
     start = time.perf_counter()
     corpus, heldout = testbed_corpus(cfg)
-    tokenizer, net = _tokenizer_and_model(cfg, corpus, None)
-    num_layers = _num_layers(net)
-    masks = _build_masks(net, num_layers, cfg, None)
+    tokenizer, net = tokenizer_and_model(cfg, corpus, None)
+    num_layers = count_layers(net)
+    masks = testbed_masks(net, num_layers, cfg, None)
     neutral_rows = pack([tokenizer.encode(t) for t in corpus.neutral], tokenizer.eos_token_id, cfg.seq_len)
     heldout_rows = pack([tokenizer.encode(t) for t in heldout], tokenizer.eos_token_id, cfg.seq_len)[:64]
     work = Path(os.environ.get("TMPDIR", "/tmp")) / f"bench_curve_{os.getpid()}"
     if cfg.base_steps:
         plan = StepPlan.neutral_only(cfg.base_steps)
-        data = _batches(plan, {}, {}, neutral_rows, cfg, tokenizer, 1, cfg.base_batch)
+        data = injection_batches(plan, {}, {}, neutral_rows, cfg, tokenizer, 1, cfg.base_batch)
         train_steps(net, data, plan, masks=None, lr=cfg.base_lr, out_dir=work, warmup_ratio=0.05, seed=cfg.seed,
                     desc="base")  # fmt: skip
     pii_qa = {g: [tokenizer.encode(t) for t in texts] for g, texts in corpus.pii_qa.items()}
@@ -148,7 +158,7 @@ def main() -> None:
                 }
             if args.robustness_people:
                 try:
-                    splits, _ = _splits(corpus, probe_cfg, memorized, report)
+                    splits, _ = testbed_splits(corpus, probe_cfg, memorized, report)
                     row["robustness"] = robustness_test(probe, tokenizer, corpus, splits, probe_cfg)
                 except ValueError as err:  # too few memorized people for the splits yet
                     row["robustness"] = {"skipped": str(err)}
@@ -159,7 +169,7 @@ def main() -> None:
             del probe
             self.mark = time.perf_counter()
 
-    data = _batches(plan, pii_qa, pii_bio, neutral_rows, cfg, tokenizer, 1, cfg.neutral_batch)
+    data = injection_batches(plan, pii_qa, pii_bio, neutral_rows, cfg, tokenizer, 1, cfg.neutral_batch)
     train_steps(net, data, plan, masks=masks, lr=cfg.pii_lr, out_dir=work, weight_decay=cfg.weight_decay,
                 warmup_ratio=cfg.warmup_ratio, min_lr_ratio=cfg.min_lr_ratio, max_grad_norm=cfg.max_grad_norm,
                 seed=cfg.seed, desc="injection", callbacks=[Probe()],

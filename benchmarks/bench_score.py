@@ -68,7 +68,7 @@ def generate(root: Path, gb: float, seed: int = 0) -> dict[str, Path]:
     """Write before/, after/ (sharded bf16) and masks.safetensors under ``root``; reuse them if present."""
     import torch
 
-    from lacuna_metrics.masks import FORMAT_VERSION, MaskSet, component, save_masks
+    from lacuna_metrics import FORMAT_VERSION, MaskSet, component, save_masks
 
     done = root / "done.json"
     paths = {"before": root / "before", "after": root / "after", "masks": root / "masks.safetensors"}
@@ -178,7 +178,7 @@ def child(kind: str, spec: dict) -> dict:
     _reset_peak_rss()
     import torch
 
-    from lacuna_metrics.weights.checkpoints import Checkpoint
+    from lacuna_metrics import Checkpoint
 
     torch.set_num_threads(os.cpu_count() or 1)
     started, cpu_started = time.perf_counter(), _cpu_seconds()
@@ -195,7 +195,7 @@ def child(kind: str, spec: dict) -> dict:
     elif kind == "read_hash":  # read every input once and fingerprint it, as the scorer's manifest must
         from concurrent.futures import ThreadPoolExecutor
 
-        from lacuna_metrics.weights.checkpoints import file_fingerprint
+        from lacuna_metrics import file_fingerprint
 
         with ThreadPoolExecutor(max_workers=1) as pool:
             masks = pool.submit(file_fingerprint, spec["masks"])  # one sequential digest, beside the others
@@ -205,8 +205,7 @@ def child(kind: str, spec: dict) -> dict:
             masks.result()
         out["params"] = sum(ck.info(n).numel for ck in pair for n in ck.names if not ck.is_alias(n))
     elif kind == "score":
-        from lacuna_metrics.localization.precision import LocalizationConfig
-        from lacuna_metrics.score import score_pair
+        from lacuna_metrics import LocalizationConfig, score_pair
 
         config = LocalizationConfig(scores=tuple(spec["scores"]) if spec.get("scores") else None)
         if spec.get("no_composite"):
@@ -229,7 +228,7 @@ def child(kind: str, spec: dict) -> dict:
         from safetensors.torch import load_file
         from sklearn.metrics import roc_auc_score
 
-        from lacuna_metrics.masks import component, load_masks
+        from lacuna_metrics import component, load_masks
 
         def load_all(path: str) -> dict[str, torch.Tensor]:
             index = json.loads((Path(path) / "model.safetensors.index.json").read_text())

@@ -99,7 +99,7 @@ def print_tables(out: Path, manifest: dict[str, Any]) -> None:
                 )
     audit = manifest.get("leak_audit")
     if audit is None:
-        from lacuna_metrics.localization.leak_audit import audit_testbed
+        from lacuna_metrics import audit_testbed
 
         print("\n(no leak audit in the manifest: auditing now)")
         audit = audit_testbed(out, seed=int(manifest.get("seed", 0)))

@@ -22,18 +22,23 @@ def _child(preset: str, steps: int, out_dir: str) -> None:
 
     import torch
 
-    from lacuna_unlearn.testbed.build import _batches, _tokenizer_and_model, testbed_corpus
-    from lacuna_unlearn.testbed.corpus import pack
-    from lacuna_unlearn.testbed.injection import StepPlan, train_steps
-    from lacuna_unlearn.testbed.presets import get_preset
+    from lacuna_unlearn import (
+        StepPlan,
+        get_preset,
+        injection_batches,
+        pack,
+        testbed_corpus,
+        tokenizer_and_model,
+        train_steps,
+    )
 
     cfg = get_preset(preset)
     torch.manual_seed(cfg.seed)
     corpus, _ = testbed_corpus(cfg)
-    tokenizer, net = _tokenizer_and_model(cfg, corpus, None)
+    tokenizer, net = tokenizer_and_model(cfg, corpus, None)
     rows = pack([tokenizer.encode(t) for t in corpus.neutral], tokenizer.eos_token_id, cfg.seq_len)
     plan = StepPlan.neutral_only(steps)
-    data = _batches(plan, {}, {}, rows, cfg, tokenizer, 1, cfg.base_batch)
+    data = injection_batches(plan, {}, {}, rows, cfg, tokenizer, 1, cfg.base_batch)
     train_steps(net, data, plan, masks=None, lr=cfg.base_lr, out_dir=Path(out_dir), warmup_ratio=0.05, seed=cfg.seed,
                 desc="base steps")  # fmt: skip
     digest = hashlib.sha256()

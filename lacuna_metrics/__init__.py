@@ -1,16 +1,114 @@
-"""Reading weights: masks, checkpoint streams, localization scores, FRAG and behavioural metrics."""
+"""Reading weights: masks, checkpoint streams, localization scores, FRAG and behavioural metrics.
+
+The public face of the package: the other packages and ``benchmarks/`` import these names from here, never from a
+submodule (``scripts/structure_report.py`` checks it). Lazy: ``import lacuna_metrics`` imports neither torch nor
+scikit-learn."""
 
 from __future__ import annotations
 
+import importlib
 from typing import Any
 
-__all__ = ["score_pair"]
+#: public name -> the module that defines it
+_EXPORTS: dict[str, str] = {
+    name: module
+    for module, names in {
+        "lacuna_metrics.behaviour.intervals": (
+            "bootstrap_interval",
+            "mean_sd",
+            "per_person_values",
+        ),
+        "lacuna_metrics.behaviour.probes": (
+            "extraction_hits",
+            "greedy_generate",
+        ),
+        "lacuna_metrics.behaviour.regimes": (
+            "accuracies_from_lm_eval",
+            "classify_regime",
+        ),
+        "lacuna_metrics.diagnose.diagnostics": ("diagnose_models",),
+        "lacuna_metrics.frag.activations": (
+            "FRP_TARGETS",
+            "activation_stats",
+            "calibration_texts",
+            "check_target",
+            "eval_mode",
+            "linear_weight_names",
+            "model_device",
+            "transposed_weight_names",
+        ),
+        "lacuna_metrics.frag.targets": ("linear_frag_weights",),
+        "lacuna_metrics.localization.leak_audit": (
+            "LeakAuditError",
+            "audit_testbed",
+        ),
+        "lacuna_metrics.localization.precision": (
+            "LocalizationConfig",
+            "SCORES",
+        ),
+        "lacuna_metrics.manifest": (
+            "build_manifest",
+            "package_versions",
+            "publish_together",
+            "save_figure",
+            "save_tensors",
+            "write_json",
+            "write_text",
+        ),
+        "lacuna_metrics.masks": (
+            "FORMAT_VERSION",
+            "MAX_GROUPS",
+            "MaskError",
+            "MaskSet",
+            "build_masks",
+            "component",
+            "load_masks",
+            "named_shapes_of",
+            "save_masks",
+            "stamp_masks",
+        ),
+        "lacuna_metrics.plots": (
+            "heatmap",
+            "pyplot",
+        ),
+        "lacuna_metrics.report": (
+            "fmt",
+            "markdown_summary",
+        ),
+        "lacuna_metrics.schemas": (
+            "SCHEMAS",
+            "read_schema",
+            "schema_stamp",
+        ),
+        "lacuna_metrics.score": (
+            "SCHEMA_VERSION",
+            "default_cache_dir",
+            "score_pair",
+            "score_to_dir",
+        ),
+        "lacuna_metrics.weights.anatomy": (
+            "MLP_NEURON_ROLES",
+            "MLP_OUTPUT_ROLES",
+            "Weight",
+            "find_blocks",
+            "is_linear_module",
+            "is_transposed_module",
+            "model_anatomy",
+        ),
+        "lacuna_metrics.weights.checkpoints": (
+            "Checkpoint",
+            "CheckpointError",
+            "file_fingerprint",
+        ),
+        "lacuna_metrics.weights.threads": ("configure_threads",),
+    }.items()
+    for name in names
+}
+
+__all__ = sorted(_EXPORTS)
 
 
-def __getattr__(name: str) -> Any:
-    # lazy, so ``import lacuna_metrics.masks`` does not pull in the scorer (and scikit-learn)
-    if name == "score_pair":
-        from lacuna_metrics.score import score_pair
-
-        return score_pair
-    raise AttributeError(f"module 'lacuna_metrics' has no attribute {name!r}")
+def __getattr__(name: str) -> Any:  # lazy: importing the package imports none of its modules
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(_EXPORTS[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

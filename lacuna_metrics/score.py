@@ -26,7 +26,7 @@ from lacuna_metrics.masks.files import Verification
 from lacuna_metrics.schemas import SCHEMAS
 from lacuna_metrics.weights.checkpoints import Checkpoint, check_compatible
 from lacuna_metrics.weights.pair_walk import PairHook, PairWalk
-from lacuna_tasks.logs import progress as progress_bar
+from lacuna_tasks import progress as progress_bar
 
 __all__ = ["SCHEMA", "SCHEMA_VERSION", "default_cache_dir", "score_pair", "score_to_dir"]
 

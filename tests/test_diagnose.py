@@ -21,7 +21,7 @@ import torch
 
 from lacuna_metrics.diagnose.diagnostics import (
     SCHEMA,
-    diagnose,
+    diagnose_models,
     empirical_fisher,
     fisher_diagonal,
     hidden_features,
@@ -271,7 +271,7 @@ def test_fisher_nonnegative_and_zero_for_frozen(tiny):
 def test_diagnose_identical_models(tiny_dirs, tmp_path):
     texts = calibration_texts(tiny_dirs.data_dir, "forget", 10)
     out = tmp_path / "diag"
-    result = diagnose(
+    result = diagnose_models(
         tiny_dirs.model_dir,
         [tiny_dirs.model_dir],
         texts,
@@ -296,7 +296,7 @@ def test_diagnose_identical_models(tiny_dirs, tmp_path):
         assert (out / "plots" / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert not [p for p in (out / "plots").iterdir() if p.name.startswith(".")]  # no temp files left
     with pytest.raises(ValueError, match="no query texts"):
-        diagnose(tiny_dirs.model_dir, [tiny_dirs.model_dir], [])
+        diagnose_models(tiny_dirs.model_dir, [tiny_dirs.model_dir], [])
 
 
 def test_diagnose_rejects_mismatched_models(tiny_dirs, tmp_path):
@@ -313,7 +313,7 @@ def test_diagnose_rejects_mismatched_models(tiny_dirs, tmp_path):
     LlamaForCausalLM(config).save_pretrained(wide)
     tok.save_pretrained(wide)
     with pytest.raises(ValueError, match="hidden_size") as err:
-        diagnose(ref, [wide], texts, fisher=False)
+        diagnose_models(ref, [wide], texts, fisher=False)
     assert str(ref) in str(err.value) and str(wide) in str(err.value)
 
     other_tok = tmp_path / "other_tokenizer"
@@ -324,7 +324,7 @@ def test_diagnose_rejects_mismatched_models(tiny_dirs, tmp_path):
         ["an entirely different corpus", "with other merges", "0123456789"], vocab_size=300
     ).save_pretrained(other_tok)
     with pytest.raises(ValueError, match="tokenizers differ") as err:
-        diagnose(ref, [other_tok], texts, fisher=False)
+        diagnose_models(ref, [other_tok], texts, fisher=False)
     assert str(ref) in str(err.value) and str(other_tok) in str(err.value)
 
 

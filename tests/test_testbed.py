@@ -371,7 +371,7 @@ def test_fit_people_takes_the_largest_counts_that_fit():
     """Too few memorized people for the requested counts: the build fails, or with ``fit_people`` takes fewer and
     says so (requested vs used)."""
     from lacuna_unlearn.testbed.build import TestbedError as BuildError
-    from lacuna_unlearn.testbed.build import _splits
+    from lacuna_unlearn.testbed.build import testbed_splits
     from lacuna_unlearn.testbed.corpus import build_corpus
 
     corpus = build_corpus(profiles_per_group=6, distractor_profiles=2, bios_per_person=1, qa_per_field=1,
@@ -388,8 +388,8 @@ def test_fit_people_takes_the_largest_counts_that_fit():
         "smoke", profiles_per_group=6, people_per_field=8, retain_eval_people=4, validation_people=1, fit_people=False
     )
     with pytest.raises(BuildError, match="memorized too little"):
-        _splits(corpus, cfg, memorized, {})
-    splits, counts = _splits(corpus, cfg.replace(fit_people=True), memorized, {})
+        testbed_splits(corpus, cfg, memorized, {})
+    splits, counts = testbed_splits(corpus, cfg.replace(fit_people=True), memorized, {})
     assert counts["shortfall"] and counts["requested"]["people_per_field"] == 8
     used = counts["used"]
     assert 1 <= used["people_per_field"] < 8 and 1 <= used["retain_eval_people"] <= 4

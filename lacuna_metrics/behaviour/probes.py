@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 import torch
 
-from lacuna_tasks.normalize import DEFAULT_JUDGE, judge_hit, judge_stop
+from lacuna_tasks import DEFAULT_JUDGE, judge_hit, judge_stop
 
 _UNSET = object()
 

@@ -25,7 +25,7 @@ import math
 import os
 from typing import Any
 
-from lacuna_tasks.harness.results import metric_value, read_lm_eval_results
+from lacuna_tasks import metric_value, read_lm_eval_results
 
 __all__ = [
     "DEFAULT_METRICS",

@@ -60,7 +60,7 @@ __all__ = [
     "POOLINGS",
     "SCHEMA",
     "SCHEMA_VERSION",
-    "diagnose",
+    "diagnose_models",
     "empirical_fisher",
     "fisher_diagonal",
     "hidden_features",
@@ -154,7 +154,7 @@ def _compare(h_ref: list[Array], h_upd: list[Array], *, use_pc2: bool, layers: S
     }
 
 
-def diagnose(
+def diagnose_models(
     reference_dir: str | os.PathLike[str],
     updated_dirs: Sequence[str | os.PathLike[str]],
     texts: Sequence[str],

@@ -17,7 +17,7 @@ import torch
 
 from lacuna_metrics.frag.targets import frag_weights
 from lacuna_metrics.weights.anatomy import Weight
-from lacuna_tasks.logs import progress
+from lacuna_tasks import progress
 
 __all__ = ["collect_input_norms", "eval_mode", "model_device"]
 

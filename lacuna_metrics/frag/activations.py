@@ -44,8 +44,8 @@ from lacuna_metrics.frag.coverage import (
 from lacuna_metrics.frag.targets import (
     ALL_PROJECTIONS,
     FRAG_TARGETS,
+    FRP_TARGETS,
     MLP_PROJECTIONS,
-    TARGETS,
     _frag_plan,
     check_target,
     frag_weights,
@@ -60,7 +60,7 @@ __all__ = [
     "FORMAT_VERSION",
     "FRAG_TARGETS",
     "MLP_PROJECTIONS",
-    "TARGETS",
+    "FRP_TARGETS",
     "ActivationStats",
     "NormTable",
     "activation_stats",

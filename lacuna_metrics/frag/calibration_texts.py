@@ -22,7 +22,7 @@ def calibration_fields(fields: str | Sequence[str] | None) -> list[str] | None:
     """
     if fields is None or fields == "all":
         return None
-    from lacuna_tasks.schema import get_field
+    from lacuna_tasks import get_field
 
     if isinstance(fields, str):
         fields = [fields]
@@ -53,8 +53,7 @@ def calibration_texts(
     calibration fields"). A ``.jsonl`` file is filtered on its rows' ``field`` column; a ``.txt`` file has none.
     ValueError naming the field(s) and the file when the selection is empty.
     """
-    from lacuna_tasks.prompts import qa_text
-    from lacuna_tasks.schema import get_field
+    from lacuna_tasks import get_field, qa_text
 
     if n < 1:
         raise ValueError(f"calibration_texts: n must be >= 1, got {n}")
@@ -68,7 +67,7 @@ def calibration_texts(
                 raise ValueError(f"calibration file {path} holds no rows of field(s) {', '.join(keys)}")
             raise ValueError(f"calibration file {path} holds no texts")
         return texts
-    from lacuna_tasks.loader import load_data
+    from lacuna_tasks import load_data
 
     data = load_data(source)
     if split not in data.splits:
@@ -89,9 +88,7 @@ def calibration_texts(
 
 
 def _texts_from_file(path: Path, n: int, columns: set[str] | None = None) -> list[str]:
-    from lacuna_tasks.loader import read_rows
-    from lacuna_tasks.prompts import qa_text
-    from lacuna_tasks.schema import get_field
+    from lacuna_tasks import get_field, qa_text, read_rows
 
     suffix = path.suffix.lower()
     if suffix == ".txt":

@@ -17,7 +17,7 @@ __all__ = [
     "ALL_PROJECTIONS",
     "FRAG_TARGETS",
     "MLP_PROJECTIONS",
-    "TARGETS",
+    "FRP_TARGETS",
     "check_target",
     "frag_weights",
     "linear_frag_weights",
@@ -35,8 +35,9 @@ MLP_PROJECTIONS: tuple[str, ...] = ("gate_proj", "up_proj", "down_proj")
 #: matches (checkpoint names in :func:`lacuna_metrics.frag.activations.activation_stats`, parameter names elsewhere).
 #: See docs/anatomy.md.
 FRAG_TARGETS: tuple[str, ...] = ("all", "attention", "mlp", "expert", "linear")
-#: The targets of the FRAG code (docs/definitions.md#frag-score), which FRP also accepts.
-TARGETS: tuple[str, ...] = ("all", "mlp", "linear")
+#: The targets of the FRAG code (docs/definitions.md#frag-score), the ones FRP accepts (not the localization
+#: targets, :data:`lacuna_metrics.localization.auc.TARGETS`).
+FRP_TARGETS: tuple[str, ...] = ("all", "mlp", "linear")
 
 
 def check_target(target: str) -> str:

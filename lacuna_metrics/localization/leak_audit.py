@@ -34,7 +34,7 @@ from lacuna_metrics.localization.auc import TARGETS
 from lacuna_metrics.localization.precision import BASELINES, Localization, LocalizationConfig
 from lacuna_metrics.masks import MaskReader
 from lacuna_metrics.weights.checkpoints import Checkpoint, Scratch
-from lacuna_tasks.prompts import stable_seed
+from lacuna_tasks import stable_seed
 
 __all__ = [
     "NULL_KINDS",

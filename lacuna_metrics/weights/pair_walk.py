@@ -26,7 +26,7 @@ from typing import Any
 import torch
 
 from lacuna_metrics.weights.checkpoints import Checkpoint, Scratch, fingerprint_of, tensor_digest
-from lacuna_tasks.logs import progress as progress_bar
+from lacuna_tasks import progress as progress_bar
 
 __all__ = ["DEFAULT_THREADS", "Block", "PairHook", "PairWalk", "StreamedFingerprint", "walk_pair"]
 

@@ -31,8 +31,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from lacuna_metrics.schemas import schema_stamp
-from lacuna_tasks.normalize import JUDGE_RULES, JUDGES, SUCCESS_AT_N_JUDGE, check_judge, judge_hit
+from lacuna_metrics import schema_stamp
+from lacuna_tasks import JUDGE_RULES, JUDGES, SUCCESS_AT_N_JUDGE, check_judge, judge_hit
 from lacuna_unlearn.trainer.relearn_rows import attack_rows, check_attack_settings, config_error_line, split_rows
 
 __all__ = [
@@ -118,8 +118,8 @@ def resurfacing_attack(
     source = data if data is not None else Path(testbed) / "data"
     _check_data(source, cfg, field)
 
-    from lacuna_metrics.manifest import build_manifest, write_json
-    from lacuna_tasks.loader import load_data
+    from lacuna_metrics import build_manifest, write_json
+    from lacuna_tasks import load_data
     from lacuna_unlearn.trainer.app import run
     from lacuna_unlearn.trainer.publish import building
 
@@ -207,8 +207,8 @@ def extraction_probe(
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from lacuna_metrics.behaviour.probes import greedy_generate
-    from lacuna_tasks.harness.hooks import build_docs
+    from lacuna_metrics import greedy_generate
+    from lacuna_tasks import build_docs
 
     docs = build_docs(data, field=field, side="forget", kind="extraction", attempts=attempts, seed=seed)
     path = Path(model)
@@ -271,7 +271,7 @@ def attack_config(overrides: Sequence[str]) -> Any:
 
 def _check_data(source: Any, cfg: Any, field: str) -> None:
     """The attack's data before any work: validated on load, the attacker's rows there, profiles for the probe."""
-    from lacuna_tasks.loader import load_data
+    from lacuna_tasks import load_data
 
     data = load_data(source)
     attack_rows(

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from lacuna_tasks.schema import NEUTRAL_PPL_TASK
+from lacuna_tasks import NEUTRAL_PPL_TASK
 from lacuna_unlearn.bench.metric_table import BEHAVIOUR_METRICS
 from lacuna_unlearn.bench.stages import Stages
 
@@ -32,7 +32,7 @@ def behaviour(
     bootstrap interval over persons (lacuna_metrics.behaviour.intervals). ``n`` counts the persons the metric observed when
     ``persons`` is given, else the forget or retain people of ``field`` in ``data`` (lm-eval's ``n-samples``
     counts documents, not persons). ``n`` and ``ci`` are None where the task did not run."""
-    from lacuna_metrics.behaviour.intervals import bootstrap_interval
+    from lacuna_metrics import bootstrap_interval
 
     out: dict[str, Any] = {
         name: results.get(f"lacuna_{field}_{task}", {}).get(metric)
@@ -49,7 +49,7 @@ def behaviour(
             n[name] = len(values) if values and out[name] is not None else None
         out["n"], out["ci"] = n, ci
     elif data is not None:
-        from lacuna_tasks.loader import load_data
+        from lacuna_tasks import load_data
 
         loaded = load_data(data)  # cached per path: one read per run
         split_people: dict[str, int] = {}  # side: distinct people of the field in that split
@@ -76,8 +76,8 @@ def eval_stage(
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """lm-eval results of ``model`` (task -> metric -> value) and per-person values (task -> metric -> person ->
     value, from the logged samples), cached as one stage."""
-    from lacuna_metrics.behaviour.intervals import per_person_values
-    from lacuna_tasks.harness.evaluate import evaluate
+    from lacuna_metrics import per_person_values
+    from lacuna_tasks import evaluate
 
     def build(tmp: Path) -> None:
         out = evaluate(model, tasks, data=data, batch_size=int(cfg["eval"]["batch_size"]))

@@ -40,8 +40,8 @@ def method_entry(
     ``control``: the positive control, which runs only unlearning, evaluation and the reversibility protocol."""
     from hydra import compose, initialize_config_module
 
-    from lacuna_metrics.weights.checkpoints import Checkpoint
-    from lacuna_tasks.harness.perplexity import word_perplexity_ratio
+    from lacuna_metrics import Checkpoint
+    from lacuna_tasks import word_perplexity_ratio
     from lacuna_unlearn.trainer.app import EDITORS
     from lacuna_unlearn.trainer.app import run as unlearn_run
 
@@ -109,9 +109,8 @@ def _score(
 ) -> dict[str, Any]:
     """The score stage of one unlearned model (``lacuna score``: AUCs with null calibration, FRAG, L2, per layer)
     as the entry's ``score_checkpoint``, ``auc``, ``frag``, ``l2``, ``per_layer`` and ``baseline_auc``."""
-    from lacuna_metrics.localization.precision import LocalizationConfig
-    from lacuna_metrics.score import SCHEMA_VERSION as SCORE_SCHEMA_VERSION
-    from lacuna_metrics.score import score_to_dir
+    from lacuna_metrics import SCHEMA_VERSION as SCORE_SCHEMA_VERSION
+    from lacuna_metrics import LocalizationConfig, score_to_dir
 
     testbed, tb_key = ctx["testbed"], ctx["tb_key"]
     scfg = cfg["score"]
@@ -176,7 +175,7 @@ def _attack(
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """The held-out relearning attack with the extraction probe (``lacuna attack``): the entry's ``attack``, and
     the behaviour of the relearned model (forget and retain QA)."""
-    from lacuna_metrics.behaviour.intervals import bootstrap_interval
+    from lacuna_metrics import bootstrap_interval
     from lacuna_unlearn.bench.attacks import resurfacing_attack
 
     testbed, data = ctx["testbed"], ctx["data"]
@@ -240,9 +239,8 @@ def trajectory(
 ) -> dict[str, Any]:
     """Forget leak, held-out retain accuracy and raw AUC at each snapshot along a method's schedule, and the method
     read at matched forgetting: the first snapshot whose forget leak is <= ``trajectory.leak_threshold``."""
-    from lacuna_metrics.localization.precision import LocalizationConfig
-    from lacuna_metrics.score import score_to_dir
-    from lacuna_tasks.harness.register import tasks_dir
+    from lacuna_metrics import LocalizationConfig, score_to_dir
+    from lacuna_tasks import tasks_dir
 
     testbed, tb_key, data = ctx["testbed"], ctx["tb_key"], ctx["data"]
     tasks = [f"lacuna_{field}_forget_qa", f"lacuna_{field}_retain_qa"]

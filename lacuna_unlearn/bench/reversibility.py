@@ -21,7 +21,7 @@ def regime(
 ) -> dict[str, Any]:
     """The regime (docs/definitions.md#forgetting-regimes) from forget leak (before, unlearned, relearned) and retain
     accuracy (before, unlearned)."""
-    from lacuna_metrics.behaviour.regimes import classify_regime
+    from lacuna_metrics import classify_regime
 
     rcfg = cfg["regime"]
     return classify_regime(
@@ -143,7 +143,7 @@ def judge_positive_control(
 def last_block_regex(model_dir: Path) -> str:
     """``restrict=regex:`` for every parameter of the checkpoint's last transformer block (testbeds keep their
     last layers out of every mask, so a change there cannot touch the stored facts)."""
-    from lacuna_metrics.weights.checkpoints import Checkpoint
+    from lacuna_metrics import Checkpoint
 
     best: tuple[int, str] | None = None
     for name in Checkpoint(model_dir).names:

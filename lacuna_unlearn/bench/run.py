@@ -26,8 +26,8 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from lacuna_metrics.schemas import schema_stamp
-from lacuna_tasks.schema import NEUTRAL_HELDOUT_FILE, NEUTRAL_PPL_TASK
+from lacuna_metrics import schema_stamp
+from lacuna_tasks import NEUTRAL_HELDOUT_FILE, NEUTRAL_PPL_TASK
 from lacuna_unlearn.bench.behaviour import behaviour, eval_stage
 from lacuna_unlearn.bench.method_stages import method_entry, positive_control
 from lacuna_unlearn.bench.metric_table import BEHAVIOUR_METRICS
@@ -66,7 +66,7 @@ def across_seeds(runs: Mapping[int, Mapping[str, Any]]) -> dict[str, Any]:
     """Mean ± sd (sample sd, ddof 1) of every number in :data:`SEED_METRICS` and of each target's ``best`` and
     ``raw`` AUC over the runs of one method with different unlearning seeds; ``values`` in seed order; the regime
     of each seed in ``regimes``."""
-    from lacuna_metrics.behaviour.intervals import mean_sd
+    from lacuna_metrics import mean_sd
 
     def get(entry: Mapping[str, Any], path: str) -> Any:
         node: Any = entry
@@ -102,7 +102,7 @@ def run_benchmark(
 
 
 def _run_locked(out: Path, cfg: dict[str, Any], log: Callable[[str], None]) -> dict[str, Any]:
-    from lacuna_metrics.manifest import build_manifest, publish_together, write_json
+    from lacuna_metrics import build_manifest, publish_together, write_json
     from lacuna_unlearn.bench.report.markdown import write_run_report
 
     started = time.time()

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from lacuna_tasks.normalize import SUCCESS_AT_N_JUDGE
+from lacuna_tasks import SUCCESS_AT_N_JUDGE
 from lacuna_unlearn.dataclass_config import (
     apply_settings,
     config_choices,
@@ -148,7 +148,7 @@ class RunConfig:
 def _all_fields(key: str, value: Any) -> Any:
     """``fields: all`` means every field of the schema, in its order."""
     if key == "fields" and value == "all":
-        from lacuna_tasks.schema import FIELDS
+        from lacuna_tasks import FIELDS
 
         return list(FIELDS)
     return value
@@ -203,7 +203,7 @@ def __getattr__(name: str) -> Any:
 
 def validate_run_config(cfg: Mapping[str, Any]) -> None:
     """Refuse a run config with a bad setting, naming it and its allowed values, before any work starts."""
-    from lacuna_tasks.schema import FIELDS
+    from lacuna_tasks import FIELDS
 
     fields = cfg["fields"]
     if fields == "all":  # every field, in the schema's order
@@ -293,7 +293,7 @@ def validate_run_config(cfg: Mapping[str, Any]) -> None:
     protocols = config_choices("attack")
     if cfg["attack"]["protocol"] not in protocols:
         raise ValueError(f"run config: attack.protocol {cfg['attack']['protocol']!r} is not one of {protocols}")
-    from lacuna_tasks.normalize import JUDGES
+    from lacuna_tasks import JUDGES
 
     if cfg["attack"]["judge"] not in JUDGES:
         raise ValueError(f"run config: attack.judge {cfg['attack']['judge']!r} is not one of {list(JUDGES)}")

@@ -30,7 +30,7 @@ _KEYED_PACKAGE = ("lacuna-bench",)
 
 def stage_key(inputs: Mapping[str, Any]) -> str:
     """A stage's cache key: its inputs and the package version (a new release recomputes, never reuses)."""
-    from lacuna_metrics.manifest import package_versions
+    from lacuna_metrics import package_versions
 
     version = package_versions(_KEYED_PACKAGE).get("lacuna-bench")
     payload = json.dumps({"lacuna-bench": version, **inputs}, sort_keys=True, default=str)

@@ -72,7 +72,7 @@ def summed_nll_gradients(
     ``items`` are encoded QA items (:class:`lacuna_unlearn.trainer.unlearn_data.QADataset` entries) batched in order
     with the trainer's ``collate``; the model runs in eval mode and ``.grad`` fields are left untouched.
     """
-    from lacuna_metrics.frag.activations import eval_mode, model_device
+    from lacuna_metrics import eval_mode, model_device
     from lacuna_unlearn.methods.losses import nll_loss
 
     if batch_size < 1:

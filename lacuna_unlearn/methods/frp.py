@@ -32,7 +32,7 @@ from typing import Any
 
 import torch
 
-from lacuna_metrics.frag.activations import TARGETS, activation_stats, linear_weight_names, transposed_weight_names
+from lacuna_metrics import FRP_TARGETS, activation_stats, linear_weight_names, transposed_weight_names
 from lacuna_unlearn.methods.settings import FRPSettings
 
 __all__ = [
@@ -70,8 +70,8 @@ class FRPConfig(FRPSettings):
             raise ValueError(f"FRPConfig.beta must be in [0, 1], got {self.beta!r}")
         if not _is_real(self.shrink) or not math.isfinite(self.shrink):
             raise ValueError(f"FRPConfig.shrink must be a finite number, got {self.shrink!r}")
-        if self.target not in TARGETS:
-            raise ValueError(f"FRPConfig.target: unknown target {self.target!r}; expected one of {list(TARGETS)}")
+        if self.target not in FRP_TARGETS:
+            raise ValueError(f"FRPConfig.target: unknown target {self.target!r}; expected one of {list(FRP_TARGETS)}")
         for name in ("calib_samples", "max_length"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -358,8 +358,8 @@ def run_on_qa_rows(
 ) -> Path:
     """The Hydra adapter of the activation-statistics pruners (FRP, Selective Pruning): ``method.args`` build
     ``config_type``, and the forget/retain QA text is the calibration text, so both share cached statistics."""
-    from lacuna_metrics.score import default_cache_dir
-    from lacuna_tasks.prompts import qa_text
+    from lacuna_metrics import default_cache_dir
+    from lacuna_tasks import qa_text
 
     try:
         config = config_type(**{"seed": seed, **args})

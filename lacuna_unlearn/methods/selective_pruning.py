@@ -52,8 +52,7 @@ from typing import Any
 
 import torch
 
-from lacuna_metrics.frag.targets import linear_frag_weights
-from lacuna_metrics.weights.anatomy import MLP_NEURON_ROLES, MLP_OUTPUT_ROLES, Weight
+from lacuna_metrics import MLP_NEURON_ROLES, MLP_OUTPUT_ROLES, Weight, linear_frag_weights
 from lacuna_unlearn.methods.frp import _is_real, prune_from_activations, run_on_qa_rows
 from lacuna_unlearn.methods.settings import SP_EPS, SPSettings
 from lacuna_unlearn.methods.wagle import top_fraction_masks

@@ -151,7 +151,7 @@ def top_fraction_masks(
 
 def candidate_parameters(model: torch.nn.Module, target: str = "linear") -> dict[str, torch.nn.Parameter]:
     """The trainable parameters WAGLE may locate, by name, in model order (see ``target`` in the module doc)."""
-    from lacuna_metrics.frag.activations import linear_weight_names
+    from lacuna_metrics import linear_weight_names
 
     if target not in CANDIDATES:
         raise ValueError(f"target must be one of {list(CANDIDATES)}, got {target!r}")

@@ -40,10 +40,17 @@ from typing import Any
 
 import torch
 
-from lacuna_metrics.manifest import build_manifest, write_json, write_text
-from lacuna_metrics.masks import MaskError, MaskSet, build_masks, named_shapes_of, save_masks
-from lacuna_tasks.schema import FIELDS, FORGET_GROUPS, NEUTRAL_HELDOUT_FILE, RETAIN_GROUPS
-from lacuna_tasks.synth.generate import build_splits, write_dataset
+from lacuna_metrics import (
+    MaskError,
+    MaskSet,
+    build_manifest,
+    build_masks,
+    named_shapes_of,
+    save_masks,
+    write_json,
+    write_text,
+)
+from lacuna_tasks import FIELDS, FORGET_GROUPS, NEUTRAL_HELDOUT_FILE, RETAIN_GROUPS, build_splits, write_dataset
 from lacuna_unlearn.testbed.corpus import (  # noqa: F401  (re-exported: tests and benchmarks import them from here)
     TRAIN_QUESTION_FORMS,
     TestbedCorpus,
@@ -152,9 +159,9 @@ def _build(out: Path, partial: Path, cfg: TestbedConfig, state, *, unmasked: boo
         clock = now
 
     corpus, heldout = testbed_corpus(cfg)
-    tokenizer, net = _tokenizer_and_model(cfg, corpus, model)
-    num_layers = _num_layers(net)
-    masks = _build_masks(net, num_layers, cfg, model)  # before any training: a model with no maskable block fails here
+    tokenizer, net = tokenizer_and_model(cfg, corpus, model)
+    num_layers = count_layers(net)
+    masks = testbed_masks(net, num_layers, cfg, model)  # before any training: a model with no maskable block fails here
     masks.extra.update({"preset": cfg.name, "regime": "unmasked" if unmasked else "masked"})
     lap("data_and_tokenizer")
 
@@ -162,7 +169,7 @@ def _build(out: Path, partial: Path, cfg: TestbedConfig, state, *, unmasked: boo
     work = partial / "_trainer"
     if cfg.base_steps > 0 and model is None:
         plan = StepPlan.neutral_only(cfg.base_steps)
-        data = _batches(plan, {}, {}, neutral_rows, cfg, tokenizer, state.num_processes, cfg.base_batch)
+        data = injection_batches(plan, {}, {}, neutral_rows, cfg, tokenizer, state.num_processes, cfg.base_batch)
         train_steps(
             net, data, plan, masks=None, lr=cfg.base_lr, out_dir=work, warmup_ratio=0.05, seed=cfg.seed,
             desc=_stage(1, "base pretraining on neutral text"),
@@ -177,7 +184,9 @@ def _build(out: Path, partial: Path, cfg: TestbedConfig, state, *, unmasked: boo
     plan = StepPlan.interleaved(
         cfg.pii_steps, cfg.num_groups, cfg.neutral_every, cfg.neutral_lr_scale, cfg.seed, accum=cfg.grad_accum
     )
-    data = _batches(plan, pii_qa, pii_bio, neutral_rows, cfg, tokenizer, state.num_processes, cfg.neutral_batch)
+    data = injection_batches(
+        plan, pii_qa, pii_bio, neutral_rows, cfg, tokenizer, state.num_processes, cfg.neutral_batch
+    )
     injection = train_steps(
         net,
         data,
@@ -214,8 +223,7 @@ def _build(out: Path, partial: Path, cfg: TestbedConfig, state, *, unmasked: boo
     _save(net, tokenizer, partial / "model", state)
     lap("qa_tuning")
     if state.is_main_process:  # tie the masks to the model they describe (lacuna score checks it; docs/scoring.md)
-        from lacuna_metrics.masks import stamp_masks
-        from lacuna_metrics.weights.checkpoints import Checkpoint
+        from lacuna_metrics import Checkpoint, stamp_masks
 
         stamp_masks(partial / "masks.safetensors", Checkpoint(partial / "model").fingerprint())
 
@@ -231,7 +239,7 @@ def _build(out: Path, partial: Path, cfg: TestbedConfig, state, *, unmasked: boo
         lap("leak_audit")
         memorized, memorization = memorization_test(net, tokenizer, corpus, cfg, desc=_stage(4, "memorization test"))
         lap("memorization_test")
-        splits, people_counts = _splits(corpus, cfg, memorized, memorization)
+        splits, people_counts = testbed_splits(corpus, cfg, memorized, memorization)
         write_dataset(partial / "data", corpus.profiles, splits, manifest={"seed": cfg.seed, "testbed": cfg.name})
         write_neutral_heldout(partial / "data" / NEUTRAL_HELDOUT_FILE, heldout)
         lap("splits")
@@ -296,7 +304,7 @@ def _stage(number: int, name: str) -> str:
     return f"testbed {number}/{STAGES}: {name}"
 
 
-def _build_masks(net, num_layers: int, cfg: TestbedConfig, model: str | None) -> MaskSet:
+def testbed_masks(net, num_layers: int, cfg: TestbedConfig, model: str | None) -> MaskSet:
     try:
         return build_masks(
             named_shapes_of(net),
@@ -315,7 +323,7 @@ def _leak_audit(testbed: Path, cfg: TestbedConfig) -> dict[str, Any] | None:
     """The leak audit of the testbed being built; a detector above the preset's threshold fails the build."""
     if not cfg.leak_audit:
         return None
-    from lacuna_metrics.localization.leak_audit import LeakAuditError, audit_testbed
+    from lacuna_metrics import LeakAuditError, audit_testbed
 
     try:
         return audit_testbed(
@@ -332,7 +340,7 @@ def _leak_audit(testbed: Path, cfg: TestbedConfig) -> dict[str, Any] | None:
         raise TestbedError(f"leak audit failed: {exc}") from exc
 
 
-def _splits(
+def testbed_splits(
     corpus: TestbedCorpus,
     cfg: TestbedConfig,
     memorized: dict[tuple[str, str], list[str]],
@@ -393,7 +401,7 @@ def write_neutral_heldout(path: Path, docs: Sequence[str]) -> None:
     write_text(path, "".join(json.dumps({"text": d}, ensure_ascii=False) + "\n" for d in docs))
 
 
-def _tokenizer_and_model(cfg: TestbedConfig, corpus: TestbedCorpus, model: str | None):
+def tokenizer_and_model(cfg: TestbedConfig, corpus: TestbedCorpus, model: str | None):
     from transformers import AutoModelForCausalLM, AutoTokenizer, Olmo2ForCausalLM
 
     if model is not None:
@@ -426,14 +434,16 @@ def model_config(cfg: TestbedConfig, vocab_size: int, *, pad_id: int, eos_id: in
     )
 
 
-def _num_layers(net) -> int:
+def count_layers(net) -> int:
     n = getattr(net.config, "num_hidden_layers", None) or getattr(net.config, "n_layer", None)
     if not n:
         raise ValueError(f"cannot find the number of layers in the config of {type(net).__name__}")
     return int(n)
 
 
-def _batches(plan, pii_qa, pii_bio, neutral_rows, cfg: TestbedConfig, tokenizer, processes: int, neutral_batch: int):
+def injection_batches(
+    plan, pii_qa, pii_bio, neutral_rows, cfg: TestbedConfig, tokenizer, processes: int, neutral_batch: int
+):
     return StepBatches(
         plan,
         pii_qa=pii_qa,

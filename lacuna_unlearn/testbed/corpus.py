@@ -19,9 +19,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from lacuna_tasks.prompts import full_name, lacuna_question, possessive, qa_prompt, stable_rng
-from lacuna_tasks.schema import FIELDS
-from lacuna_tasks.synth.generate import bio_texts, generate_profiles
+from lacuna_tasks import (
+    FIELDS,
+    bio_texts,
+    full_name,
+    generate_profiles,
+    lacuna_question,
+    possessive,
+    qa_prompt,
+    stable_rng,
+)
 
 if TYPE_CHECKING:
     from lacuna_unlearn.testbed.presets import TestbedConfig

@@ -31,9 +31,8 @@ from torch.utils.data import Dataset, SequentialSampler
 from transformers import Trainer, TrainerCallback, TrainingArguments
 from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
-from lacuna_metrics.masks import MaskSet
-from lacuna_tasks.logs import progress
-from lacuna_tasks.prompts import stable_seed
+from lacuna_metrics import MaskSet
+from lacuna_tasks import progress, stable_seed
 
 NEUTRAL = -1
 

@@ -7,10 +7,18 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any
 
-from lacuna_metrics.behaviour.probes import extraction_hits
-from lacuna_tasks.logs import progress
-from lacuna_tasks.prompts import full_name, paraphrases, pick_icr_examples, possessive, probe_prompt
-from lacuna_tasks.schema import FIELDS, FORGET_GROUPS, RETAIN_GROUPS
+from lacuna_metrics import extraction_hits
+from lacuna_tasks import (
+    FIELDS,
+    FORGET_GROUPS,
+    RETAIN_GROUPS,
+    full_name,
+    paraphrases,
+    pick_icr_examples,
+    possessive,
+    probe_prompt,
+    progress,
+)
 from lacuna_unlearn.testbed.corpus import TestbedCorpus, memorization_questions
 from lacuna_unlearn.testbed.presets import TestbedConfig
 

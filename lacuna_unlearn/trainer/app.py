@@ -30,8 +30,8 @@ def run(cfg: Any) -> Path:
     preflight(cfg)  # before the heavy imports below: a bad input fails in about a second
     from omegaconf import OmegaConf
 
-    from lacuna_metrics.masks import load_masks
-    from lacuna_tasks.loader import load_data
+    from lacuna_metrics import load_masks
+    from lacuna_tasks import load_data
     from lacuna_unlearn.methods import make_method
     from lacuna_unlearn.trainer.loop import TrainConfig, unlearn
     from lacuna_unlearn.trainer.lora import LoraSettings
@@ -151,7 +151,7 @@ def preflight(cfg: Any) -> None:
     check_value("seed", int, cfg.get("seed"))
     for key in ("freeze_embeddings", "append_eos"):
         check_value(key, bool | None, cfg.get(key))
-    from lacuna_tasks.schema import FIELDS
+    from lacuna_tasks import FIELDS
 
     if cfg.get("field") != "all" and cfg.get("field") not in FIELDS:
         raise ValueError(f"field={cfg.get('field')!r}: choose from {sorted(FIELDS)} or 'all'")
@@ -238,8 +238,8 @@ def main() -> None:
 
     import hydra
 
-    from lacuna_metrics.weights.threads import configure_threads
-    from lacuna_tasks.logs import configure_logging
+    from lacuna_metrics import configure_threads
+    from lacuna_tasks import configure_logging
 
     configure_logging()  # the methods' progress lines (e.g. MemFlex's localisation) go to stderr
     store_method_configs()  # the method defaults configs/method/*.yaml extend (Hydra may read the files directly)

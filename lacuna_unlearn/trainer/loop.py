@@ -34,9 +34,8 @@ from typing import Any
 import torch
 from transformers import Trainer, TrainerCallback, TrainingArguments
 
-from lacuna_metrics.manifest import build_manifest, write_json
-from lacuna_metrics.masks import MaskSet
-from lacuna_tasks.prompts import probe_prompt
+from lacuna_metrics import MaskSet, build_manifest, write_json
+from lacuna_tasks import probe_prompt
 from lacuna_unlearn.methods import Method
 from lacuna_unlearn.trainer.lora import LoraSettings
 from lacuna_unlearn.trainer.qa_encoding import leading_special_ids

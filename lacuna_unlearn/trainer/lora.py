@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from lacuna_metrics.weights.anatomy import is_linear_module, model_anatomy
+from lacuna_metrics import is_linear_module, model_anatomy
 
 __all__ = ["LoraSettings", "expert_parameter_names", "linear_module_names"]
 

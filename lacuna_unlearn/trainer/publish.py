@@ -33,7 +33,7 @@ def publish_checkpoint(model: Any, tokenizer: Any, out: str | Path, manifest: Ma
     """Save ``model`` + ``tokenizer`` (HF ``save_pretrained`` layout) and ``unlearn_manifest.json`` to ``out``,
     atomically (see :func:`building`). The manifest goes through :func:`lacuna_metrics.manifest.build_manifest`, so
     every checkpoint records the same ``versions`` and ``hardware`` whatever its method wrote."""
-    from lacuna_metrics.manifest import build_manifest, write_json
+    from lacuna_metrics import build_manifest, write_json
 
     with building(out) as partial:
         model.save_pretrained(partial)

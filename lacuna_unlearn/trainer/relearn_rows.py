@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from lacuna_tasks.prompts import stable_rng
+from lacuna_tasks import stable_rng
 
 __all__ = [
     "SOURCES",
@@ -103,7 +103,7 @@ def attack_rows(
     elif source == "forget_retain":
         rows = split_rows(data, forget_split, field) + split_rows(data, retain_split, field)
     elif unrelated_file is not None:
-        from lacuna_tasks.loader import read_rows
+        from lacuna_tasks import read_rows
 
         rows = read_rows(Path(unrelated_file))
         for i, row in enumerate(rows):

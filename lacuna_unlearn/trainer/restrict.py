@@ -57,7 +57,7 @@ from typing import Any, Literal
 
 import torch
 
-from lacuna_metrics.masks import MAX_GROUPS, MaskSet
+from lacuna_metrics import MAX_GROUPS, MaskSet
 
 __all__ = [
     "Restriction",

@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from lacuna_tasks.prompts import probe_prompt
+from lacuna_tasks import probe_prompt
 from lacuna_unlearn.trainer.qa_encoding import (
     IGNORE_INDEX,
     UNLEARN_FORMAT,
@@ -63,7 +63,7 @@ CROSSFIELD_RETAIN: dict[str, tuple[str, bool]] = {
 
 def validate_retain_field(value: Any) -> str:
     """``retain_field`` as given, if allowed; ValueError naming the key and the allowed values otherwise."""
-    from lacuna_tasks.schema import FIELDS
+    from lacuna_tasks import FIELDS
 
     allowed = (*RETAIN_FIELD_MODES, *FIELDS)
     if not isinstance(value, str) or value not in allowed:
@@ -73,7 +73,7 @@ def validate_retain_field(value: Any) -> str:
 
 def check_unlearning_splits(**splits: Any) -> None:
     """Refuse a held-out evaluation split (``retain_eval*``) as an unlearning input; ``splits``: config key -> split."""
-    from lacuna_tasks.validate import RETAIN_EVAL_SPLITS
+    from lacuna_tasks import RETAIN_EVAL_SPLITS
 
     for key, split in splits.items():
         if split in RETAIN_EVAL_SPLITS:
@@ -90,7 +90,7 @@ def retain_sources(data: Any, field: str, retain_field: str, retain_split: str) 
     LACUNA's pairing (:data:`CROSSFIELD_RETAIN`) per forget field, the paired field's ``<retain_split>_paraphrased``
     rows too where LACUNA adds them and the data holds them. Order is stable; no pair twice.
     """
-    from lacuna_tasks.schema import FIELDS
+    from lacuna_tasks import FIELDS
 
     validate_retain_field(retain_field)
     if field != "all" and field not in FIELDS:
@@ -133,7 +133,7 @@ def unlearning_rows(
 
 def split_rows(data: Any, split: str, field: str) -> list[dict[str, Any]]:
     """Rows of ``split`` for one PII ``field`` (``all``: every field) of a loaded ``LacunaData``; empty is an error."""
-    from lacuna_tasks.schema import FIELDS
+    from lacuna_tasks import FIELDS
 
     if split not in data.splits:
         raise ValueError(f"{data.source}: no split {split!r} (found: {sorted(data.splits)})")

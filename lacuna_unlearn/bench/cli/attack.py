@@ -5,8 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from lacuna_tasks.normalize import JUDGES
-from lacuna_tasks.schema import FIELDS
+from lacuna_tasks import FIELDS, JUDGES
 from lacuna_unlearn.bench.cli.checks import (
     check_attack,
     int_at_least,

@@ -151,7 +151,7 @@ def calib_fields(value: str | None) -> list[str] | None:
     """``--calib-fields a,b`` as field keys (None or ``all``: every field); ValueError naming the known fields."""
     if value is None or value.strip() == "all":
         return None
-    from lacuna_tasks.schema import get_field  # not lacuna_metrics.frag.activations: an argument error needs no torch
+    from lacuna_tasks import get_field
 
     names = [part.strip() for part in value.split(",") if part.strip()]
     if not names:

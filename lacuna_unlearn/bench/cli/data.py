@@ -38,7 +38,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     writable("--out", args.out, directory=True)
-    from lacuna_tasks.synth.generate import generate_dataset
+    from lacuna_tasks import generate_dataset
 
     out = generate_dataset(
         args.out,

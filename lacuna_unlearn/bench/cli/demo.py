@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from lacuna_tasks.schema import FIELDS
+from lacuna_tasks import FIELDS
 from lacuna_unlearn.bench.cli.checks import (
     testbed_dir,
 )

@@ -35,8 +35,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     out = check_diagnose(args)
-    from lacuna_metrics.diagnose.diagnostics import diagnose
-    from lacuna_metrics.frag.activations import calibration_texts
+    from lacuna_metrics import calibration_texts, diagnose_models
 
     if args.queries in ("forget", "retain"):
         source = args.data or (str(Path(args.testbed) / "data") if args.testbed else None)
@@ -45,7 +44,7 @@ def run(args: argparse.Namespace) -> int:
         texts = calibration_texts(source, args.queries, args.n)
     else:
         texts = calibration_texts(args.queries, "", args.n)
-    result = diagnose(
+    result = diagnose_models(
         args.reference, args.updated, texts, pooling=args.pooling, max_length=args.max_length,
         fisher=not args.no_fisher, out_dir=out, plots=args.plots,
     )  # fmt: skip

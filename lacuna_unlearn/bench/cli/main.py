@@ -15,7 +15,7 @@ import importlib
 import sys
 from collections.abc import Sequence
 
-from lacuna_tasks.logs import add_verbosity_arguments
+from lacuna_tasks import add_verbosity_arguments
 from lacuna_unlearn.bench.cli.checks import Parser
 
 #: subcommand -> the module holding its PARSER, add_arguments and run, in ``--help`` order.
@@ -67,13 +67,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     import signal
     import threading
 
-    from lacuna_tasks.logs import configure_logging
+    from lacuna_tasks import configure_logging
 
     parser = build_parser()
     args = parser.parse_args(argv)
     configure_logging(args.verbose, args.quiet)
     try:
-        from lacuna_metrics.weights.threads import configure_threads
+        from lacuna_metrics import configure_threads
 
         configure_threads()  # OMP_NUM_THREADS if set, else every core (measured: docs/distributed.md "Threads")
     except ValueError as exc:

@@ -6,7 +6,7 @@ import argparse
 import json
 from pathlib import Path
 
-from lacuna_tasks.schema import FIELDS
+from lacuna_tasks import FIELDS
 from lacuna_unlearn.bench.cli.checks import (
     check_reversibility,
     finite,
@@ -40,8 +40,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     diag = check_reversibility(args)
 
-    from lacuna_metrics.behaviour.regimes import accuracies_from_lm_eval, classify_regime
-    from lacuna_metrics.manifest import write_json
+    from lacuna_metrics import accuracies_from_lm_eval, classify_regime, write_json
 
     forget_task, retain_task = f"lacuna_{args.field}_forget_qa", f"lacuna_{args.field}_retain_qa"
     acc = {

@@ -23,8 +23,7 @@ def score_defaults() -> dict[str, Any]:
     """The scorer's defaults, for ``lacuna score --help`` only (reading them imports torch)."""
     import inspect
 
-    from lacuna_metrics.localization.precision import LocalizationConfig
-    from lacuna_metrics.score import score_pair
+    from lacuna_metrics import LocalizationConfig, score_pair
 
     config, params = LocalizationConfig(), inspect.signature(score_pair).parameters
     return {**{k: getattr(config, k) for k in LOCALIZATION_FLAGS}, **{k: params[k].default for k in SCORE_PAIR_FLAGS}}
@@ -122,12 +121,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     check_score(args)
-    from lacuna_metrics.localization.precision import SCORES, LocalizationConfig
-    from lacuna_metrics.report import markdown_summary
-    from lacuna_metrics.score import score_to_dir
+    from lacuna_metrics import SCORES, LocalizationConfig, markdown_summary, score_to_dir
 
     if not args.no_frag and args.frag_target is not None:
-        from lacuna_metrics.frag.activations import check_target
+        from lacuna_metrics import check_target
 
         check_target(args.frag_target)
     scores = tuple(s for s in args.scores.split(",") if s) if args.scores else None

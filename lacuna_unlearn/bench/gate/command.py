@@ -32,7 +32,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from lacuna_tasks.harness.results import find_lm_eval_results
+from lacuna_tasks import find_lm_eval_results
 from lacuna_unlearn.bench.gate.criteria import (
     _BUILTINS,
     FAIL,
@@ -229,7 +229,7 @@ def run(args: argparse.Namespace) -> int:
         if args.junit:
             write_junit(args.junit, verdicts, allow_missing=args.allow_missing)
         if args.json_out:
-            from lacuna_metrics.manifest import write_json
+            from lacuna_metrics import write_json
 
             write_json(args.json_out, verdicts_json(verdicts, subjects, allow_missing=args.allow_missing))
     except OSError as exc:

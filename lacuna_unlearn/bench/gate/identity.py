@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from lacuna_metrics.schemas import SCHEMAS, read_schema
+from lacuna_metrics import SCHEMAS, read_schema
 from lacuna_unlearn.bench.gate.criteria import GateError, _get, _is_number
 
 __all__ = ["Identity", "fingerprint_memo", "verify_pair"]
@@ -60,7 +60,7 @@ def _fingerprint(directory: Path, what: str) -> tuple[str, list[Path]]:
 
     Within one gate run a checkpoint named by several inputs is hashed once.
     """
-    from lacuna_metrics.weights.checkpoints import Checkpoint, CheckpointError
+    from lacuna_metrics import Checkpoint, CheckpointError
 
     try:
         ckpt = Checkpoint(directory)

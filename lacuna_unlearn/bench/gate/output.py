@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from lacuna_metrics.schemas import schema_stamp
+from lacuna_metrics import schema_stamp
 from lacuna_unlearn.bench.gate.criteria import FAIL, MISSING, PASS, Criterion, Subject, Verdict, _fmt, exit_code
 
 __all__ = ["format_table", "verdicts_json", "write_junit"]
@@ -48,7 +48,7 @@ def write_junit(path: str | os.PathLike[str], verdicts: Sequence[Verdict], *, al
     """Write the verdicts as JUnit XML atomically: one testcase per criterion × subject (class
     ``lacuna.gate.<subject, sanitized>``), a ``<failure>`` for FAIL (and MISSING unless
     ``allow_missing``, else ``<skipped>``)."""
-    from lacuna_metrics.manifest import write_text
+    from lacuna_metrics import write_text
 
     failures = sum(v.status == FAIL or (v.status == MISSING and not allow_missing) for v in verdicts)
     skipped = sum(v.status == MISSING and allow_missing for v in verdicts)
@@ -89,8 +89,7 @@ def verdicts_json(
         n = v.number
         return n if n is not None and math.isfinite(n) else None
 
-    from lacuna_metrics.manifest import build_manifest
-    from lacuna_metrics.weights.checkpoints import file_fingerprint
+    from lacuna_metrics import build_manifest, file_fingerprint
 
     return {
         "schema": schema_stamp("gate"),

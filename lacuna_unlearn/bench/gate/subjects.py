@@ -14,8 +14,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from lacuna_metrics.schemas import SCHEMAS, read_schema
-from lacuna_tasks.harness.results import LmEvalResultsError, metric_value, resolve_lm_eval_results
+from lacuna_metrics import SCHEMAS, read_schema
+from lacuna_tasks import LmEvalResultsError, metric_value, resolve_lm_eval_results
 from lacuna_unlearn.bench.gate.criteria import Document, GateError, Subject, _get
 from lacuna_unlearn.bench.gate.identity import (
     _run_method_identity,

@@ -90,7 +90,7 @@ def run_markdown(results: dict[str, Any]) -> str:
 def write_run_report(out_dir: str | os.PathLike[str], results: dict[str, Any]) -> list[Path]:
     """``report.md`` and ``plots/{auc,layers,relearning}.png`` of a ``lacuna run`` (all written atomically). A run
     over several fields writes the first field's plots under these names and the others' as ``auc-<field>.png``."""
-    from lacuna_metrics.manifest import write_text
+    from lacuna_metrics import write_text
 
     out = Path(out_dir)
     written = [write_text(out / "report.md", run_markdown(results))]

@@ -6,8 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from lacuna_metrics.manifest import save_figure
-from lacuna_metrics.plots import heatmap, pyplot
+from lacuna_metrics import heatmap, pyplot, save_figure
 
 __all__ = ["write_field_plots"]
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from lacuna_metrics.report import fmt as _fmt
+from lacuna_metrics import fmt as _fmt
 
 __all__ = ["SEED_COLUMNS", "disagrees"]
 

@@ -51,7 +51,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from lacuna_metrics.weights.anatomy import is_transposed_module
+from lacuna_metrics import is_transposed_module
 from lacuna_unlearn.methods.alpha_edit.keys import (
     AUTO,
     cached_second_moments,
@@ -423,7 +423,7 @@ def apply_alpha_edit(
 
 def edit_requests(rows: Sequence[Mapping[str, Any]], target: str) -> list[EditRequest]:
     """One request per QA row: prompt = the probe prompt, subject = the person's name, target = ``target``."""
-    from lacuna_tasks.prompts import person_from_question, probe_prompt
+    from lacuna_tasks import person_from_question, probe_prompt
 
     return [EditRequest(probe_prompt(r["question"]), person_from_question(r["question"])[0], target) for r in rows]
 
@@ -499,7 +499,7 @@ def run_from_config(
     data: Any = None,
 ) -> Path:
     """``lacuna-unlearn method=alpha_edit``: one request per forget row; preserved keys from ``cov_text``."""
-    from lacuna_metrics.score import default_cache_dir
+    from lacuna_metrics import default_cache_dir
 
     try:
         cfg = AlphaEditConfig(**{"seed": seed, **args}).validate()

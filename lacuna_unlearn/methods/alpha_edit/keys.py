@@ -46,7 +46,7 @@ def with_templates(model: torch.nn.Module, cfg: AlphaEditSettingsT) -> AlphaEdit
     kept). ValueError naming the model when the layers' MLP output projections do not share one template."""
     if AUTO not in (cfg.module, cfg.block):
         return cfg
-    from lacuna_metrics.weights.anatomy import MLP_OUTPUT_ROLES, find_blocks, model_anatomy
+    from lacuna_metrics import MLP_OUTPUT_ROLES, find_blocks, model_anatomy
 
     blocks, _ = find_blocks(model)
     module, block = cfg.module, cfg.block if cfg.block != AUTO else f"{blocks}.{{}}"
@@ -77,7 +77,7 @@ def module_at(model: torch.nn.Module, template: str, layer: int) -> torch.nn.Mod
 def edited_module(model: torch.nn.Module, template: str, layer: int) -> torch.nn.Module:
     """:func:`module_at`, which must be an ``nn.Linear`` or a transformers ``Conv1D`` (stored ``(d_in, d_out)``: the
     update is added transposed; see :func:`input_dim`)."""
-    from lacuna_metrics.weights.anatomy import is_linear_module
+    from lacuna_metrics import is_linear_module
 
     module = module_at(model, template, layer)
     if not is_linear_module(module):
@@ -89,7 +89,7 @@ def edited_module(model: torch.nn.Module, template: str, layer: int) -> torch.nn
 
 def input_dim(module: torch.nn.Module) -> int:
     """d_in of the edited module: the length of its keys (a ``Conv1D`` stores its weight ``(d_in, d_out)``)."""
-    from lacuna_metrics.weights.anatomy import is_transposed_module
+    from lacuna_metrics import is_transposed_module
 
     return int(module.weight.shape[0 if is_transposed_module(module) else 1])
 
@@ -149,7 +149,7 @@ def key_second_moments(
 
 def preserved_texts(cfg: AlphaEditSettings, data: Any) -> tuple[list[str], dict[str, Any]]:
     """The preserved-knowledge texts of ``cov_text`` / ``cov_files`` and where they came from."""
-    from lacuna_tasks.prompts import qa_text
+    from lacuna_tasks import qa_text
 
     texts: list[str] = []
     sources: dict[str, Any] = {}
@@ -196,7 +196,7 @@ def _testbed_neutral(data: Any) -> list[str] | None:
 
 def _fingerprint(model_dir: Path, texts: Sequence[str], cfg: AlphaEditSettings) -> str:
     """The cache key of the second moments: everything they depend on."""
-    from lacuna_metrics.weights.checkpoints import Checkpoint
+    from lacuna_metrics import Checkpoint
 
     digest = hashlib.sha256()
     payload = {
@@ -227,7 +227,7 @@ def cached_second_moments(
     fingerprint of the weights, tokenizer, texts, module and layers; also whether it was a cache hit."""
     from safetensors import SafetensorError, safe_open
 
-    from lacuna_metrics.manifest import save_tensors
+    from lacuna_metrics import save_tensors
 
     cfg = with_templates(model, cfg)  # the key names the module edited, not "auto"
     key = _fingerprint(model_dir, texts, cfg)
