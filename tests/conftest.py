@@ -94,7 +94,7 @@ def forget_nll():
     import torch
 
     from lacuna_unlearn.methods.losses import nll_loss
-    from lacuna_unlearn.trainer.unlearn_data import QADataset, collate_forget_retain
+    from lacuna_unlearn.qa.unlearn_data import QADataset, collate_forget_retain
 
     def compute(model_dir, rows) -> float:
         from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -118,7 +118,7 @@ def leak_and_nll():
     from lacuna_metrics.behaviour.probes import extraction_hits
     from lacuna_tasks.prompts import probe_prompt
     from lacuna_unlearn.methods.losses import nll_loss
-    from lacuna_unlearn.trainer.unlearn_data import QADataset, collate_forget_retain
+    from lacuna_unlearn.qa.unlearn_data import QADataset, collate_forget_retain
 
     def compute(model_dir, rows) -> tuple[float, float]:
         from transformers import AutoModelForCausalLM, AutoTokenizer

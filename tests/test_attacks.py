@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from lacuna_tasks.loader import load_data
+from lacuna_unlearn.qa.unlearn_data import split_rows
 from lacuna_unlearn.trainer.relearn_rows import SOURCES, attack_rows, holdout, unrelated_qa
-from lacuna_unlearn.trainer.unlearn_data import split_rows
 
 
 def _app(*overrides: str, cwd: Path) -> subprocess.CompletedProcess:

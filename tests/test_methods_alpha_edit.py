@@ -255,7 +255,7 @@ def _cli(*args: str):
 
 def test_hydra_method_alpha_edit_on_the_smoke_testbed(smoke_testbed, forget_nll, tmp_path) -> None:
     from lacuna_tasks.loader import load_data
-    from lacuna_unlearn.trainer.unlearn_data import split_rows
+    from lacuna_unlearn.qa.unlearn_data import split_rows
 
     out = tmp_path / "ae"
     done = _cli(

@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 import torch
 
+from lacuna_unlearn.lora import LoraSettings
 from lacuna_unlearn.methods import make_method
 from lacuna_unlearn.methods.memflex import MemFlex, cosine, located, randomize_answer
+from lacuna_unlearn.qa.unlearn_data import ForgetRetainDataset, QADataset, collate_forget_retain
 from lacuna_unlearn.trainer.loop import TrainConfig, unlearn
-from lacuna_unlearn.trainer.lora import LoraSettings
-from lacuna_unlearn.trainer.unlearn_data import ForgetRetainDataset, QADataset, collate_forget_retain
 
 LORA = LoraSettings(r=4, lora_alpha=16)
 SEED = 42

@@ -11,8 +11,8 @@ import pytest
 from lacuna_metrics.masks import load_masks
 from lacuna_tasks.loader import load_data
 from lacuna_unlearn.methods import make_method
+from lacuna_unlearn.qa.unlearn_data import split_rows
 from lacuna_unlearn.trainer.loop import TrainConfig, unlearn
-from lacuna_unlearn.trainer.unlearn_data import split_rows
 
 METHODS = [
     ("grad_ascent", {}, "none"),
@@ -43,7 +43,7 @@ def test_method_raises_the_forget_nll_on_the_smoke_testbed(smoke_testbed, forget
 
 
 def test_memflex_lowers_the_forget_leak_on_the_smoke_testbed(smoke_testbed, leak_and_nll, tmp_path) -> None:
-    from lacuna_unlearn.trainer.lora import LoraSettings
+    from lacuna_unlearn.lora import LoraSettings
 
     data = load_data(smoke_testbed)
     forget, retain = split_rows(data, "forget", "all"), split_rows(data, "retain", "all")

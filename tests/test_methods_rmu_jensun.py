@@ -14,8 +14,8 @@ from lacuna_unlearn.methods import METHODS, make_method
 from lacuna_unlearn.methods.jensun import JensUn
 from lacuna_unlearn.methods.losses import jensun_forget_loss, nll_loss, rmu_control_vector
 from lacuna_unlearn.methods.rmu import RMU
+from lacuna_unlearn.qa.unlearn_data import QADataset, collate_forget_retain
 from lacuna_unlearn.trainer.loop import TrainConfig, unlearn
-from lacuna_unlearn.trainer.unlearn_data import QADataset, collate_forget_retain
 
 
 def _tiny_llama(layers: int = 4, seed: int = 0):

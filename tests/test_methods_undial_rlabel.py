@@ -107,7 +107,7 @@ def test_dpo_loss_hand_values():
 
 
 def test_replace_answers_keeps_prompts_and_labels_the_new_answer():
-    from lacuna_unlearn.trainer.unlearn_data import replace_answers
+    from lacuna_unlearn.qa.unlearn_data import replace_answers
 
     batch = {
         "input_ids": torch.tensor([[5, 6, 7, 8, 9], [5, 6, 11, 0, 0]]),
@@ -143,8 +143,8 @@ def test_idk_dpo_refusal_side_is_built_once_with_the_same_loss(tiny_lacuna, tiny
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     import lacuna_unlearn.methods.idk_dpo as idk_module
-    import lacuna_unlearn.trainer.unlearn_data as data_module
-    from lacuna_unlearn.trainer.unlearn_data import QADataset, collate_forget_retain
+    import lacuna_unlearn.qa.unlearn_data as data_module
+    from lacuna_unlearn.qa.unlearn_data import QADataset, collate_forget_retain
 
     forget, retain = tiny_email_rows
     calls = {"with_answer": 0, "replace_answers": 0}

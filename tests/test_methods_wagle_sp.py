@@ -227,7 +227,7 @@ WAGLE_ARGS = {"ratio": 0.2, "mu": 1e-3, "batch_size": 2}
 def _datasets(model_dir, rows):
     from transformers import AutoTokenizer
 
-    from lacuna_unlearn.trainer.unlearn_data import QADataset, collate_forget_retain
+    from lacuna_unlearn.qa.unlearn_data import QADataset, collate_forget_retain
 
     tok = AutoTokenizer.from_pretrained(model_dir)
     forget, retain = rows
@@ -341,7 +341,7 @@ def test_wagle_composes_with_restrict_forget_mask(tiny_lacuna, tiny_email_rows, 
 
 
 def test_wagle_refuses_lora(tiny_lacuna, tiny_email_rows, tmp_path) -> None:
-    from lacuna_unlearn.trainer.lora import LoraSettings
+    from lacuna_unlearn.lora import LoraSettings
 
     forget_rows, retain_rows = tiny_email_rows
     with pytest.raises(ValueError, match="LoRA"):
@@ -434,7 +434,7 @@ def test_lowers_the_forget_leak_on_the_smoke_testbed(smoke_testbed, leak_and_nll
     from lacuna_tasks.loader import load_data
     from lacuna_tasks.prompts import qa_text
     from lacuna_unlearn.methods.selective_pruning import run_selective_pruning
-    from lacuna_unlearn.trainer.unlearn_data import split_rows
+    from lacuna_unlearn.qa.unlearn_data import split_rows
 
     data = load_data(smoke_testbed)
     forget, retain = split_rows(data, "forget", "all"), split_rows(data, "retain", "all")

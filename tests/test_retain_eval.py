@@ -16,7 +16,7 @@ from lacuna_tasks.loader import load_data
 from lacuna_tasks.schema import FIELDS, RETAIN_GROUPS, SPLITS, LacunaDataError, validate_rows
 from lacuna_tasks.synth.generate import build_splits, generate_profiles, write_dataset
 from lacuna_tasks.validate import RETAIN_EVAL_SPLITS
-from lacuna_unlearn.trainer.unlearn_data import CROSSFIELD_RETAIN, RETAIN_FIELD_MODES, retain_sources, unlearning_rows
+from lacuna_unlearn.qa.unlearn_data import CROSSFIELD_RETAIN, RETAIN_FIELD_MODES, retain_sources, unlearning_rows
 
 MAIN = ("forget", "forget_paraphrased", "retain", "retain_paraphrased")
 KW = {"seed": 3, "people_per_field": 5, "validation_people": 2}

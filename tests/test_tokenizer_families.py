@@ -422,7 +422,7 @@ def test_unlearning_labels_are_the_tokens_the_evaluation_scores(family, tmp_path
     from lacuna_tasks.prompts import probe_prompt, qa_prompt
     from lacuna_unlearn.methods import make_method
     from lacuna_unlearn.methods.alpha_edit.edit import EditRequest, _target_ids
-    from lacuna_unlearn.trainer.unlearn_data import encode_qa
+    from lacuna_unlearn.qa.unlearn_data import encode_qa
 
     tokenizer = make_tokenizer(family, tmp_path)
     encoding = LmEvalEncoding(tokenizer)
@@ -462,8 +462,8 @@ def test_unlearning_trains_with_the_bos_of_the_tokenizer(family, family_dirs, tm
     from transformers import AutoTokenizer
 
     from lacuna_unlearn.methods import make_method
+    from lacuna_unlearn.qa.unlearn_data import split_rows
     from lacuna_unlearn.trainer.loop import TrainConfig, unlearn
-    from lacuna_unlearn.trainer.unlearn_data import split_rows
 
     model_dir = family_dirs[family].model_dir
     bos = AutoTokenizer.from_pretrained(model_dir).bos_token_id

@@ -1,4 +1,4 @@
-"""Unlearning labels (``lacuna_unlearn.trainer.unlearn_data.encode_qa``): the answer `` answer\\n`` followed by the
+"""Unlearning labels (``lacuna_unlearn.qa.unlearn_data.encode_qa``): the answer `` answer\\n`` followed by the
 tokenizer's EOS, as OpenUnlearning's ``preprocess_chat_instance`` builds them for LACUNA
 (``docs/definitions.md#openunlearning-conventions``); prompt tokens -100; the target is never truncated;
 ``append_eos=False`` gives the earlier labels; a tokenizer without an EOS token gets none. A tokenizer trained here, no
@@ -11,7 +11,7 @@ import torch
 
 from lacuna_tasks.prompts import probe_prompt
 from lacuna_unlearn.methods.losses import token_counts
-from lacuna_unlearn.trainer.unlearn_data import (
+from lacuna_unlearn.qa.unlearn_data import (
     IGNORE_INDEX,
     QADataset,
     collate_forget_retain,
@@ -93,7 +93,7 @@ def _with_post_processor(tok, template: str):
 def test_a_bos_the_tokenizer_adds_starts_the_sequence_and_survives_truncation(tok):
     """As OpenUnlearning tokenizes (``add_special_tokens=True``) and lm-eval scores: the tokenizer's BOS comes first,
     unlabelled; a long prompt is cut after it. A special token appended after the text is not a prompt's."""
-    from lacuna_unlearn.trainer.qa_encoding import leading_special_ids
+    from lacuna_unlearn.qa.encoding import leading_special_ids
 
     bos_tok, bos = _with_post_processor(tok, "<|endoftext|> $A"), tok.eos_token_id
     prompt, answer = _ids(tok, probe_prompt(QUESTION)), _ids(tok, f" {ANSWER}\n")
@@ -143,8 +143,8 @@ def test_qa_tuning_keeps_its_own_rule_through_the_shared_encoding(tok, max_len):
     """One encoding for both callers; QA tuning keeps its rule (joint tokenization with special tokens, EOS always,
     right truncation) through QA_TUNING_FORMAT, and the shared collator pads as its own collate did."""
     from lacuna_tasks.prompts import qa_prompt
+    from lacuna_unlearn.qa.encoding import QACollator
     from lacuna_unlearn.testbed.qa_tuning import encode_pairs
-    from lacuna_unlearn.trainer.qa_encoding import QACollator
 
     pairs = [(qa_prompt(QUESTION), ANSWER), (qa_prompt("Where was Bob born?"), "Paris")]
     items = encode_pairs(tok, pairs, max_len)
@@ -161,7 +161,7 @@ def test_qa_tuning_keeps_its_own_rule_through_the_shared_encoding(tok, max_len):
 def test_continuation_is_the_answer_in_context_else_the_text_alone(tok):
     """``continuation_ids``: the tail of prompt + text when the prompt alone tokenizes to its head; when a token spans
     the boundary (``Par`` + ``is`` is one ``Pa``, ``ris`` here) the text is tokenized alone."""
-    from lacuna_unlearn.trainer.qa_encoding import continuation_ids
+    from lacuna_unlearn.qa.encoding import continuation_ids
 
     def ids(text: str) -> list[int]:
         return tok(text, add_special_tokens=False)["input_ids"]

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from lacuna_unlearn.lora import LoraSettings
 from lacuna_unlearn.methods import make_method
 from lacuna_unlearn.trainer.loop import TrainConfig, unlearn
-from lacuna_unlearn.trainer.lora import LoraSettings
 
 
 def _app(*overrides: str, cwd: Path) -> subprocess.CompletedProcess:

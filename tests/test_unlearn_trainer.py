@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from lacuna_unlearn.methods import make_method
+from lacuna_unlearn.qa.unlearn_data import encode_qa
 from lacuna_unlearn.trainer.loop import TrainConfig, unlearn
-from lacuna_unlearn.trainer.unlearn_data import encode_qa
 
 
 def test_labels_cover_the_answer_and_eos_only(tiny_lacuna):

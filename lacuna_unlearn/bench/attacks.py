@@ -120,8 +120,8 @@ def resurfacing_attack(
 
     from lacuna_metrics import build_manifest, write_json
     from lacuna_tasks import load_data
+    from lacuna_unlearn.publish import building
     from lacuna_unlearn.trainer.app import run
-    from lacuna_unlearn.trainer.publish import building
 
     loaded = load_data(source)
     with building(out) as partial:

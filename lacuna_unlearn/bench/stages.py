@@ -18,7 +18,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from lacuna_unlearn.trainer.publish import building
+from lacuna_unlearn.publish import building
 
 __all__ = ["Stages", "locked", "stage_key", "testbed_fingerprint", "testbed_preset"]
 

@@ -69,7 +69,7 @@ def summed_nll_gradients(
     """Sum over batches of d(mean answer-token NLL)/d(param) (float32): the gradient statistics localisation-first
     methods rank parameters by (WAGLE's attribution, MemFlex's gradient information).
 
-    ``items`` are encoded QA items (:class:`lacuna_unlearn.trainer.unlearn_data.QADataset` entries) batched in order
+    ``items`` are encoded QA items (:class:`lacuna_unlearn.qa.unlearn_data.QADataset` entries) batched in order
     with the trainer's ``collate``; the model runs in eval mode and ``.grad`` fields are left untouched.
     """
     from lacuna_metrics import eval_mode, model_device

@@ -294,7 +294,7 @@ def prune_from_activations(
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from lacuna_unlearn.trainer.publish import publish_checkpoint
+    from lacuna_unlearn.publish import publish_checkpoint
 
     started = time.perf_counter()
     model_path, out = Path(model_dir), Path(out_dir)

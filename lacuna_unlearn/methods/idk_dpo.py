@@ -19,7 +19,7 @@ from lacuna_unlearn.methods.base import forward
 from lacuna_unlearn.methods.grad_diff import GradDiff
 from lacuna_unlearn.methods.losses import dpo_loss, token_nll
 from lacuna_unlearn.methods.settings import IdkDPOSettings
-from lacuna_unlearn.trainer.unlearn_data import answer_ids, replace_answers
+from lacuna_unlearn.qa.unlearn_data import answer_ids, replace_answers
 
 
 @dataclass
@@ -31,7 +31,7 @@ class IdkDPO(IdkDPOSettings, GradDiff):
         return True
 
     def prepare(self, tokenizer: Any) -> None:
-        """Tokenize `` refusal\\n`` + EOS the way :func:`lacuna_unlearn.trainer.unlearn_data.encode_qa` tokenizes answers
+        """Tokenize `` refusal\\n`` + EOS the way :func:`lacuna_unlearn.qa.unlearn_data.encode_qa` tokenizes answers
         (EOS when the tokenizer has one: the answers it replaces end with EOS, docs/unlearning.md)."""
         if not self.refusal_ids:
             ids = answer_ids(tokenizer, f" {self.refusal}\n")

@@ -20,7 +20,7 @@ from lacuna_unlearn.methods.base import forward
 from lacuna_unlearn.methods.grad_diff import GradDiff
 from lacuna_unlearn.methods.losses import jensun_forget_loss
 from lacuna_unlearn.methods.settings import JensUnSettings
-from lacuna_unlearn.trainer.unlearn_data import answer_ids
+from lacuna_unlearn.qa.unlearn_data import answer_ids
 
 
 @dataclass
@@ -30,7 +30,7 @@ class JensUn(JensUnSettings, GradDiff):
         self.refusal_ids = tuple(int(i) for i in self.refusal_ids)
 
     def prepare(self, tokenizer: Any) -> None:
-        """Tokenize ``refusal`` as an answer (:func:`~lacuna_unlearn.trainer.unlearn_data.answer_ids`) into ``refusal_ids``;
+        """Tokenize ``refusal`` as an answer (:func:`~lacuna_unlearn.qa.unlearn_data.answer_ids`) into ``refusal_ids``;
         explicitly given ids are kept."""
         if self.refusal_ids:
             return

@@ -11,14 +11,14 @@ from typing import Any
 import torch
 from transformers import Trainer, TrainingArguments
 
+from lacuna_unlearn.lora import linear_module_names
+from lacuna_unlearn.qa.encoding import QA_TUNING_FORMAT, QACollator, encode_pair
 from lacuna_unlearn.testbed.injection import use_stage_progress
-from lacuna_unlearn.trainer.lora import linear_module_names
-from lacuna_unlearn.trainer.qa_encoding import QA_TUNING_FORMAT, QACollator, encode_pair
 
 
 def encode_pairs(tokenizer: Any, pairs: Sequence[tuple[str, str]], max_len: int = 256) -> list[dict[str, torch.Tensor]]:
     """QA-tuning items: ``(prompt, answer)`` pairs (prompts already in :func:`lacuna_tasks.prompts.qa_prompt`'s
-    format) encoded with :data:`lacuna_unlearn.trainer.qa_encoding.QA_TUNING_FORMAT`: prompt + answer + EOS, labels -100
+    format) encoded with :data:`lacuna_unlearn.qa.encoding.QA_TUNING_FORMAT`: prompt + answer + EOS, labels -100
     over the prompt (answer-only loss), the right end cut at ``max_len``."""
     if not pairs:
         raise ValueError("QA dataset is empty")

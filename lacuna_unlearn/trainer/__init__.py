@@ -1,1 +1,1 @@
-"""The unlearning trainer: the Hydra app, the loop on HF Trainer, QA data and encoding, restriction, LoRA, relearning rows."""
+"""The unlearning trainer: the Hydra app, the loop on HF Trainer, restriction and the relearning rows."""

@@ -32,10 +32,10 @@ def run(cfg: Any) -> Path:
 
     from lacuna_metrics import load_masks
     from lacuna_tasks import load_data
+    from lacuna_unlearn.lora import LoraSettings
     from lacuna_unlearn.methods import make_method
+    from lacuna_unlearn.qa.unlearn_data import unlearning_rows
     from lacuna_unlearn.trainer.loop import TrainConfig, unlearn
-    from lacuna_unlearn.trainer.lora import LoraSettings
-    from lacuna_unlearn.trainer.unlearn_data import unlearning_rows
 
     attack = cfg.get("attack")
     testbed = Path(cfg.testbed) if cfg.testbed else None
@@ -187,8 +187,8 @@ def preflight(cfg: Any) -> None:
             check_value(f"trainer.args.{key}", int, value)
         elif isinstance(default, (int, float)):
             check_value(f"trainer.args.{key}", float, value)
-    # Last: the data selection's keys (lacuna_unlearn.trainer.unlearn_data imports torch, which run() needs next anyway).
-    from lacuna_unlearn.trainer.unlearn_data import check_unlearning_splits, validate_retain_field
+    # Last: the data selection's keys (lacuna_unlearn.qa.unlearn_data imports torch, which run() needs next anyway).
+    from lacuna_unlearn.qa.unlearn_data import check_unlearning_splits, validate_retain_field
 
     validate_retain_field(cfg.get("retain_field", "same"))
     check_unlearning_splits(forget_split=cfg.get("forget_split"), retain_split=cfg.get("retain_split"))

@@ -9,7 +9,7 @@ weights and merges them before saving; ``eval_rows`` holds out QA rows whose los
 (the relearning attack's protocol, docs/definitions.md#lacuna-relearning). ``freeze_embeddings=True`` keeps the input
 embeddings out of the optimizer and checks they come out bit-identical (LACUNA's relearning freezes ``embed_tokens``,
 docs/definitions.md#masked-continual-pretraining; the ``attack=relearn*`` presets turn it on). ``append_eos`` ends every
-labelled answer with EOS (OpenUnlearning and LACUNA; :func:`lacuna_unlearn.trainer.unlearn_data.encode_qa`). The manifest
+labelled answer with EOS (OpenUnlearning and LACUNA; :func:`lacuna_unlearn.qa.unlearn_data.encode_qa`). The manifest
 records both.
 
 Distributed (``docs/distributed.md``): DDP as is; FSDP2 (``accelerate launch --use_fsdp --fsdp_version 2``)
@@ -36,10 +36,10 @@ from transformers import Trainer, TrainerCallback, TrainingArguments
 
 from lacuna_metrics import MaskSet, build_manifest, write_json
 from lacuna_tasks import probe_prompt
+from lacuna_unlearn.lora import LoraSettings
 from lacuna_unlearn.methods import Method
-from lacuna_unlearn.trainer.lora import LoraSettings
-from lacuna_unlearn.trainer.qa_encoding import leading_special_ids
-from lacuna_unlearn.trainer.unlearn_data import ForgetRetainDataset, QADataset, collate_forget_retain, eos_appended
+from lacuna_unlearn.qa.encoding import leading_special_ids
+from lacuna_unlearn.qa.unlearn_data import ForgetRetainDataset, QADataset, collate_forget_retain, eos_appended
 
 __all__ = ["TrainConfig", "UnlearnTrainer", "freeze_input_embeddings", "unlearn"]
 

@@ -40,9 +40,9 @@ _WORDS = ("table", "river", "garden", "window", "planet", "silver", "forest", "c
 
 
 def split_rows(data: Any, split: str, field: str) -> list[dict[str, Any]]:
-    """:func:`lacuna_unlearn.trainer.unlearn_data.split_rows`, imported on use: that module imports torch, which an
+    """:func:`lacuna_unlearn.qa.unlearn_data.split_rows`, imported on use: that module imports torch, which an
     argument error of ``lacuna attack`` must not wait for."""
-    from lacuna_unlearn.trainer.unlearn_data import split_rows as rows_of
+    from lacuna_unlearn.qa.unlearn_data import split_rows as rows_of
 
     return rows_of(data, split, field)
 

@@ -63,7 +63,7 @@ from lacuna_unlearn.methods.alpha_edit.keys import (
     with_templates,
 )
 from lacuna_unlearn.methods.settings import AlphaEditSettings
-from lacuna_unlearn.trainer.qa_encoding import continuation_ids, leading_special_ids
+from lacuna_unlearn.qa.encoding import continuation_ids, leading_special_ids
 
 __all__ = [
     "AlphaEditConfig",
@@ -216,7 +216,7 @@ def lookup_token(tokenizer: Any, text: str, subject: str, fact_token: str = "sub
 
 def encode(tokenizer: Any, text: str) -> list[int]:
     """``text`` as the model reads it: the special tokens the tokenizer puts first (BOS, as MEMIT/AlphaEdit's code and
-    lm-eval tokenize), then the text's tokens (:func:`~lacuna_unlearn.trainer.qa_encoding.leading_special_ids`)."""
+    lm-eval tokenize), then the text's tokens (:func:`~lacuna_unlearn.qa.encoding.leading_special_ids`)."""
     return leading_special_ids(tokenizer, text) + list(tokenizer(text, add_special_tokens=False)["input_ids"])
 
 
@@ -225,7 +225,7 @@ def _ids(tokenizer: Any, text: str, device: torch.device) -> torch.Tensor:
 
 
 def _target_ids(tokenizer: Any, request: EditRequest) -> list[int]:
-    """`` target\n`` as it continues the request's prompt (:func:`~lacuna_unlearn.trainer.qa_encoding.continuation_ids`)."""
+    """`` target\n`` as it continues the request's prompt (:func:`~lacuna_unlearn.qa.encoding.continuation_ids`)."""
     target = request.target
     ids = continuation_ids(tokenizer, request.prompt, f" {target}\n")
     if not ids:
@@ -444,7 +444,7 @@ def run_alpha_edit(
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from lacuna_unlearn.trainer.publish import publish_checkpoint
+    from lacuna_unlearn.publish import publish_checkpoint
 
     cfg.validate()
     started = time.time()

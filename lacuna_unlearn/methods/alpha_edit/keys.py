@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 import torch
 
 from lacuna_unlearn.methods.settings import AlphaEditSettings
-from lacuna_unlearn.trainer.qa_encoding import leading_special_ids
+from lacuna_unlearn.qa.encoding import leading_special_ids
 
 AlphaEditSettingsT = TypeVar("AlphaEditSettingsT", bound=AlphaEditSettings)
 

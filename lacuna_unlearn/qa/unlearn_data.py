@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from lacuna_tasks import probe_prompt
-from lacuna_unlearn.trainer.qa_encoding import (
+from lacuna_unlearn.qa.encoding import (
     IGNORE_INDEX,
     UNLEARN_FORMAT,
     QACollator,
@@ -153,14 +153,14 @@ def encode_qa(
     """Token ids and labels of one QA pair; labels cover `` answer\\n`` and then the tokenizer's EOS (OpenUnlearning
     and LACUNA: the answer plus EOS; none if ``append_eos`` is false or the tokenizer has no EOS token, see
     :func:`eos_appended`). The prompt's left end is truncated; the labelled target is always kept whole
-    (:data:`lacuna_unlearn.trainer.qa_encoding.UNLEARN_FORMAT`)."""
+    (:data:`lacuna_unlearn.qa.encoding.UNLEARN_FORMAT`)."""
     fmt = replace(UNLEARN_FORMAT, max_length=max_length, eos="if_missing" if append_eos else "none")
     return encode_pair(tokenizer, probe_prompt(question), f" {answer}\n", fmt)
 
 
 def answer_ids(tokenizer: Any, text: str) -> list[int]:
     """``text`` tokenized as an answer (no special tokens): as it follows the answer cue ``A:`` that ends every probe
-    prompt (:func:`~lacuna_unlearn.trainer.qa_encoding.continuation_ids`). For answers that replace the true one (refusals)."""
+    prompt (:func:`~lacuna_unlearn.qa.encoding.continuation_ids`). For answers that replace the true one (refusals)."""
     return continuation_ids(tokenizer, probe_prompt(""), text)
 
 
@@ -228,7 +228,7 @@ class ForgetRetainDataset(torch.utils.data.Dataset):
 
 def collate_forget_retain(pad_id: int) -> QACollator:
     """The collator of :class:`ForgetRetainDataset` batches: ``{"forget": {...}, "retain": {...}}``
-    (:class:`lacuna_unlearn.trainer.qa_encoding.QACollator`)."""
+    (:class:`lacuna_unlearn.qa.encoding.QACollator`)."""
     return QACollator(pad_id)
 
 

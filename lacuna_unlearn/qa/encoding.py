@@ -2,7 +2,7 @@
 
 Two callers with two historical rules, kept through explicit :class:`QAFormat` settings (docs/unlearning.md):
 
-* unlearning and relearning (:mod:`lacuna_unlearn.trainer.unlearn_data`, :data:`UNLEARN_FORMAT`): the tokenizer's leading
+* unlearning and relearning (:mod:`lacuna_unlearn.qa.unlearn_data`, :data:`UNLEARN_FORMAT`): the tokenizer's leading
   special tokens (BOS), the prompt, then the answer as it continues the prompt (:func:`continuation_ids`); EOS is appended to the answer if missing (and only if the tokenizer
   has one); the prompt's left end is truncated and an answer that does not fit is an error.
 * QA tuning of a testbed (:mod:`lacuna_unlearn.testbed.qa_tuning`, :data:`QA_TUNING_FORMAT`): prompt + answer are tokenized
