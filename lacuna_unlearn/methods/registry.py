@@ -1,7 +1,7 @@
 """The one registry of unlearning methods: ``method.name`` -> where its code and its defaults live.
 
 Entries are ``"module:attribute"`` strings resolved on first use, so importing this module (the CLI's argument
-checks, ``run.py``'s plan) does not import torch or any method module. Two kinds (docs/unlearning.md):
+checks, ``lacuna run``'s plan) does not import torch or any method module. Two kinds (docs/unlearning.md):
 
 * ``method``: a :class:`lacuna_unlearn.methods.base.Method` dataclass that the trainer optimises
   (:func:`lacuna_unlearn.trainer.loop.unlearn`).

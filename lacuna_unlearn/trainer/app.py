@@ -1,4 +1,4 @@
-"""``lacuna-unlearn`` (also ``python -m lacuna_unlearn.trainer.app``): the Hydra entry point of the trainer.
+"""``lacuna-unlearn`` (also ``python -m lacuna_unlearn.trainer``): the Hydra entry point of the trainer.
 
 Config groups ship in ``lacuna_unlearn/configs``: ``method/`` (one file per method, ``method.args.*``; the defaults
 are the method dataclass's, registered in Hydra's ConfigStore by :mod:`lacuna_unlearn.methods.registry`),
