@@ -33,6 +33,18 @@ def test_best_excludes_families_a_null_update_already_wins():
     assert unified["best_lift"] == {"score": "raw", "value": pytest.approx(0.0)}  # 0.50 - max(0.49, 0.50)
 
 
+def test_lift_comes_from_the_verdicts_family_never_from_an_excluded_one():
+    """A method-free update whose excluded family has a large lift (a bf16 Gaussian read "0.500 (signrev), lift
+    +0.185" before) must not pass a lift gate: its lift is that of the calibrated best's own family."""
+    auc = {"forget": {"raw": 0.500, "signrev": 0.80}}
+    null = {"gaussian": {"raw": {"forget": 0.50}, "signrev": {"forget": 0.615}}}
+    forget = calibrate(auc, null, tolerance=0.05)["targets"]["forget"]
+    assert forget["families"]["signrev"]["lift"] == pytest.approx(0.185)  # still in the JSON, per family
+    assert "signrev" in forget["excluded"]
+    assert forget["best"] == {"score": "raw", "value": 0.500}
+    assert forget["best_lift"] == {"score": "raw", "value": pytest.approx(0.0)}
+
+
 def test_a_random_update_gets_chance_and_an_oracle_keeps_its_best():
     null = {"gaussian": {"raw": {"forget": 0.501}, "qtile": {"forget": 0.499}}}
     random = calibrate({"forget": {"raw": 0.502, "qtile": 0.498}}, null)["targets"]["forget"]
@@ -43,8 +55,10 @@ def test_a_random_update_gets_chance_and_an_oracle_keeps_its_best():
 
 def test_degenerate_inputs():
     everything_leaks = calibrate({"forget": {"reversal": 0.9}}, {"gaussian": {"reversal": {"forget": 0.9}}})
-    assert everything_leaks["targets"]["forget"]["best"] == {"score": None, "value": None}
-    assert everything_leaks["targets"]["forget"]["best_lift"]["value"] == pytest.approx(0.0)
+    best = everything_leaks["targets"]["forget"]["best"]
+    assert best["score"] is None and best["value"] is None
+    assert "reversal: null AUC 0.900 outside 0.5 ± 0.05" in best["reason"]
+    assert everything_leaks["targets"]["forget"]["best_lift"] == {"score": None, "value": None}
     with pytest.raises(ValueError, match="tolerance"):
         calibrate(AUC, NULL, tolerance=0.5)
     with pytest.raises(ValueError, match="tolerance"):

@@ -10,7 +10,8 @@ family; this module sets a method's AUCs beside them (docs/scoring.md, "Null cal
 * per family and target: ``auc``, ``null_auc`` (the highest AUC of the null updates: the bar a method must clear),
   ``lift = auc - null_auc``;
 * ``best``: the best AUC over the families whose null updates all stay within ``0.5 ± tolerance`` (the rest are
-  listed under ``excluded`` with the reason); ``best_lift``: the largest lift over every family.
+  listed under ``excluded`` with their null AUC and the reason); ``best_lift``: that same family's lift, so a verdict
+  never pairs one family's AUC with another's lift. Where no family passes, both are null and ``best`` says why.
 """
 
 from __future__ import annotations
@@ -68,11 +69,19 @@ def calibrate(
                 excluded[family] = f"null AUC {off:.3f} outside 0.5 ± {tolerance}"
         calibrated = {f: e["auc"] for f, e in families.items() if f not in excluded}
         best = max(calibrated, key=lambda f: calibrated[f]) if calibrated else None
-        lifted = max(families, key=lambda f: families[f]["lift"]) if families else None
-        targets[target] = {
-            "families": families,
-            "best": {"score": best, "value": calibrated[best] if best else None},
-            "best_lift": {"score": lifted, "value": families[lifted]["lift"] if lifted else None},
-            "excluded": excluded,
-        }
+        if best is None:
+            verdict: dict[str, Any] = {"score": None, "value": None, "reason": _no_verdict(families, excluded)}
+            lift: dict[str, Any] = {"score": None, "value": None}
+        else:
+            verdict = {"score": best, "value": calibrated[best]}
+            lift = {"score": best, "value": families[best]["lift"]}  # the verdict's own family, never another's
+        targets[target] = {"families": families, "best": verdict, "best_lift": lift, "excluded": excluded}
     return {"tolerance": float(tolerance), "targets": targets}
+
+
+def _no_verdict(families: Mapping[str, Any], excluded: Mapping[str, str]) -> str:
+    """Why a target has no calibrated best: which families were scored and why each one fell."""
+    if not families and not excluded:
+        return "no family scored this target"
+    reasons = "; ".join(f"{family}: {why}" for family, why in sorted(excluded.items()))
+    return f"no family passed the null calibration ({reasons})"

@@ -65,7 +65,7 @@ def run_markdown(results: dict[str, Any]) -> str:
         "- **AUC(F) / AUC(F-R) / AUC(F vs R)**: does the update's size single out the forget scalars (vs all others / "
         "forget + retain vs outside / vs retain only); 0.5 = chance, 1 = exactly; best scoring function in brackets, "
         "taken only over the families that null updates (noise that knows nothing of the masks) leave at 0.5 ± the "
-        "tolerance; **lift** = the largest AUC − null AUC over every family (docs/scoring.md, 'Null calibration').",
+        "tolerance; **lift** = that family's AUC − its null AUC (docs/scoring.md, 'Null calibration').",
         "- **trivial detector**: the same AUCs from |θ_before| / |θ_before − θ_base| with no unlearning at all; a "
         "method's AUC shows localization only where it beats this row.",
         "- **FRAG**: forget alignment − γ × retain alignment of the weight update (higher predicts forgetting that "
