@@ -25,12 +25,23 @@ from lacuna_unlearn.bench.gate.command import (
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def method(leak: float, retain: float, auc: float, *, success: float = 0.1, frag: float = 0.3) -> dict:
+def method(
+    leak: float, retain: float, auc: float, *, success: float = 0.1, frag: float = 0.3, calibrated: float | None = None
+) -> dict:
+    """A results.json method entry; ``calibrated`` is the null-calibrated best AUC(F) (default: ``auc``)."""
+    cal = auc if calibrated is None else calibrated
     return {
         "behaviour": {"forget_leak": leak, "retain_accuracy": retain, "j_w": leak + 0.05, "j_p": leak, "j_icr": 0.0},
         "auc": {
-            "forget": {"best": {"score": "qtile", "value": auc}, "raw": auc - 0.1},
-            "unified": {"best": {"score": "abs", "value": auc - 0.05}},
+            "forget": {
+                "best": {"score": "qtile", "value": auc},
+                "raw": auc - 0.1,
+                "calibrated_best": {"score": "raw", "value": cal},
+            },
+            "unified": {
+                "best": {"score": "abs", "value": auc - 0.05},
+                "calibrated_best": {"score": "abs", "value": cal - 0.05},
+            },
             "forget_vs_retain": {"best": {"score": "abs", "value": 0.6}},
         },
         "frag": frag,
@@ -105,6 +116,12 @@ def score_json(tmp_path: Path, auc: float = 0.85, frag: float | None = 0.25) -> 
         "auc": {
             t: {"qtile": auc, "abs": auc - 0.1, "best": {"score": "qtile", "value": auc}}
             for t in ("forget", "unified", "forget_vs_retain")
+        },
+        "null_calibration": {
+            "targets": {
+                t: {"best": {"score": "qtile", "value": auc}, "best_lift": {"score": "qtile", "value": auc - 0.5}}
+                for t in ("forget", "unified", "forget_vs_retain")
+            }
         },
         "frag": {"forget_alignment": 0.5, "retain_alignment": 0.2, "gamma": 1.0, "frag": frag}
         if frag is not None
@@ -478,3 +495,18 @@ def test_every_field_of_a_run_is_gated_and_lift_is_a_criterion(tmp_path, capsys)
     assert "phone/oracle_grad" in capsys.readouterr().out
     assert gate(path, "--field", "email", "--min-lift", "0.1") == 0
     assert gate(path, "--field", "birth_city", "--max-leak", "0.1") == 2
+
+
+def test_min_auc_gates_the_calibrated_best_not_the_uncalibrated_one(tmp_path, capsys):
+    """A method-free update whose uncalibrated best (a family the null updates already win) reads 0.97 while its
+    calibrated best is 0.50 must fail --min-auc; with no calibration in the results, --min-auc is missing, not
+    passed on the uncalibrated number."""
+    path = run_results(tmp_path, {"weight_decay": method(0.05, 0.9, 0.97, calibrated=0.50)})
+    assert gate(path, "--min-auc", "0.8") == 1
+    assert "auc_forget_calibrated" in capsys.readouterr().out
+    uncalibrated = method(0.05, 0.9, 0.97)
+    for target in ("forget", "unified"):
+        del uncalibrated["auc"][target]["calibrated_best"]
+    path = run_results(tmp_path / "u", {"no_null": uncalibrated})
+    assert gate(path, "--min-auc", "0.8") == 1
+    assert "MISSING" in capsys.readouterr().out

@@ -100,8 +100,13 @@ METRIC_TABLE: dict[str, MetricSpec] = {
         "auc.forget.calibrated_best.value",
         score_path="null_calibration.targets.forget.best.value",
     ),
+    "auc_unified_calibrated": MetricSpec(
+        "best unified localization AUC over the null-calibrated families",
+        "auc.unified.calibrated_best.value",
+        score_path="null_calibration.targets.unified.best.value",
+    ),
     "auc_forget_lift": MetricSpec(
-        "largest AUC(F) minus null AUC over every family (lift)",
+        "AUC(F) minus null AUC of the calibrated best's family (lift)",
         "auc.forget.best_lift.value",
         score_path="null_calibration.targets.forget.best_lift.value",
     ),
