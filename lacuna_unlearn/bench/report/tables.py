@@ -171,7 +171,7 @@ SEED_COLUMNS = (
     ("AUC(F) calibrated", "auc.forget.calibrated_best"),
     ("AUC(F) lift", "auc.forget.best_lift"),
     ("AUC(F) raw", "auc.forget.raw"),
-    ("AUC(F vs R) best", "auc.forget_vs_retain.best"),
+    ("AUC(F vs R) calibrated", "auc.forget_vs_retain.calibrated_best"),
     ("FRAG", "frag"),
     ("Success@N relearned", "attack.success_at_n_relearned"),
 )
