@@ -333,25 +333,40 @@ def _null_calibration(
     """The null-calibrated AUCs (lacuna_metrics.localization.null_calibration) of this score. The null updates' AUCs come from
     the testbed's leak audit when it scored the same ``before`` and masks (recorded in its manifest), else they are
     computed here: each null update (seeded, docs/scoring.md "Null calibration") through the same scorer."""
-    from lacuna_metrics.localization.leak_audit import NULL_KINDS, recorded_nulls_apply, score_null_updates, stored_as
+    from lacuna_metrics.localization.leak_audit import (
+        NULL_KINDS,
+        audit_mismatch,
+        recorded_nulls_apply,
+        score_null_updates,
+        stored_as,
+    )
     from lacuna_metrics.localization.null_calibration import DEFAULT_NULL_SCALES, calibrate
 
     if not 0.0 < float(tolerance) < 0.5:
         raise ValueError(f"null-AUC tolerance must be in (0, 0.5), got {tolerance!r}")
-    audit = None
+    control = (ckpts["control_before"], ckpts["control_after"]) if "control_before" in ckpts else None
+    crossfield = [ckpts[k] for k in ckpts if k.startswith("crossfield")]
+    audit, why_not = None, "no testbed"
     if testbed is not None:
         manifest = Path(testbed) / "manifest.json"
         recorded = (json.loads(manifest.read_text()).get("leak_audit") or {}) if manifest.is_file() else {}
-        # the audit scored the testbed's own model/ and masks: reuse it when this score reads those too (paths are
-        # compared inside the testbed, so a moved or cached testbed still matches) and its null updates were
-        # rounded as ones stored like --after are
-        same = (
-            recorded.get("null")
-            and masks.resolve() == (Path(testbed) / "masks.safetensors").resolve()
+        # the audit scored the testbed's own model/, masks and base/: reuse it when this score reads those too (paths
+        # are compared inside the testbed, so a moved or cached testbed still matches), with the same AUC settings
+        # and nothing else, and its null updates were rounded as ones stored like --after are
+        base = ckpts.get("base")
+        recorded_base = (Path(testbed) / "base") if (recorded.get("inputs") or {}).get("base") else None
+        same_inputs = (
+            masks.resolve() == (Path(testbed) / "masks.safetensors").resolve()
             and ckpts["before"].path.resolve() == (Path(testbed) / "model").resolve()
-            and recorded_nulls_apply(recorded.get("null_updates"), ckpts["before"], ckpts["after"])
+            and (base.path.resolve() if base is not None else None)
+            == (recorded_base.resolve() if recorded_base is not None else None)
         )
-        if same:
+        why_not = audit_mismatch(
+            recorded, config=config, same_inputs=same_inputs, extra_runs=control is not None or bool(crossfield)
+        )
+        if why_not is None and not recorded_nulls_apply(recorded.get("null_updates"), ckpts["before"], ckpts["after"]):
+            why_not = "its null updates were not rounded as ones stored like --after"
+        if why_not is None:
             audit = {"null": recorded["null"], "null_updates": recorded.get("null_updates"), "source": str(manifest)}
     if audit is None:
         null, _first = score_null_updates(
@@ -361,6 +376,8 @@ def _null_calibration(
             config=config,
             scales=DEFAULT_NULL_SCALES,
             stored_like=ckpts["after"],
+            control=control,
+            crossfield=crossfield,
         )
         dtypes = stored_as(ckpts["after"])
         audit = {
@@ -369,9 +386,10 @@ def _null_calibration(
                 k: {"seed": config.seed, "scale": DEFAULT_NULL_SCALES[k], "stored_as": dtypes} for k in NULL_KINDS
             },
             "source": "computed",
+            "recorded_audit_not_used": why_not,
         }
     out = calibrate(auc, audit["null"], tolerance=tolerance)
-    out.update({"source": audit["source"], "null_updates": audit["null_updates"], "null": audit["null"]})
+    out.update({k: audit[k] for k in ("source", "null_updates", "null", "recorded_audit_not_used") if k in audit})
     return out
 
 

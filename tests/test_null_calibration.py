@@ -98,3 +98,89 @@ def test_a_random_update_scores_chance_after_calibration(smoke_testbed, tmp_path
     for target, entry in cal["targets"].items():
         assert entry["best"]["value"] is None or abs(entry["best"]["value"] - 0.5) < 0.05, (target, entry["best"])
         assert entry["best_lift"]["value"] < 0.05, (target, entry["best_lift"])  # no family beats the nulls
+
+
+def _tiny_state(seed: int, layers: int = 4, hidden: int = 16, inter: int = 32) -> dict:
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    state = {}
+    for i in range(layers):
+        for proj in ("q", "k", "v", "o"):
+            state[f"model.layers.{i}.self_attn.{proj}_proj.weight"] = torch.randn(hidden, hidden, generator=g)
+        state[f"model.layers.{i}.mlp.up_proj.weight"] = torch.randn(inter, hidden, generator=g)
+        state[f"model.layers.{i}.mlp.down_proj.weight"] = torch.randn(hidden, inter, generator=g)
+    return state
+
+
+def _save(directory, state) -> str:
+    import json
+
+    from safetensors.torch import save_file
+
+    directory.mkdir(parents=True)
+    (directory / "config.json").write_text(json.dumps({"model_type": "llama", "num_hidden_layers": 4}))
+    save_file(state, str(directory / "model.safetensors"))
+    return str(directory)
+
+
+def _moved(state: dict, seed: int, scale: float = 0.01) -> dict:
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    return {k: v + scale * torch.randn(v.shape, generator=g) for k, v in state.items()}
+
+
+def test_contrast_and_crossfield_families_are_calibrated_with_the_methods_own_runs(tmp_path):
+    """The null updates are scored with the method's control and per-field runs, so the families that read them get
+    a null AUC (before, they were excluded for having none); crossfield reads only the per-field runs, so a null
+    update scores exactly what the method scores there: lift 0, never a verdict of its own."""
+    from lacuna_metrics import build_masks, save_masks, score_pair
+
+    before = _tiny_state(0)
+    masks = tmp_path / "masks.safetensors"
+    save_masks(build_masks({k: tuple(v.shape) for k, v in before.items()}, 4, seed=3), masks)
+    dirs = {
+        "before": _save(tmp_path / "before", before),
+        "after": _save(tmp_path / "after", _moved(before, 1)),
+        "control_before": _save(tmp_path / "control_before", _tiny_state(5)),
+    }
+    dirs["control_after"] = _save(tmp_path / "control_after", _moved(_tiny_state(5), 2))
+    fields = [_save(tmp_path / f"field{i}", _moved(before, 10 + i)) for i in range(2)]
+    result = score_pair(
+        dirs["after"], before=dirs["before"], masks=str(masks), control_before=dirs["control_before"],
+        control_after=dirs["control_after"], crossfield=fields, frag=False, progress=False,
+    )  # fmt: skip
+    null = result["null_calibration"]
+    assert null["source"] == "computed"
+    for target, entry in null["targets"].items():
+        assert not [f for f, why in entry["excluded"].items() if "no null AUC" in why], (target, entry["excluded"])
+        cross = entry["families"]["crossfield"]
+        assert cross["null_auc"] == pytest.approx(cross["auc"]) and cross["lift"] == pytest.approx(0.0)
+    assert any(f.startswith("contrast") for f in null["targets"]["forget"]["families"])
+
+
+def test_a_recorded_audit_stands_only_for_a_score_with_the_same_inputs_and_auc_settings():
+    from lacuna_metrics.localization.leak_audit import auc_settings, audit_mismatch
+    from lacuna_metrics.localization.precision import LocalizationConfig
+
+    config = LocalizationConfig(composite_samples=200_000)
+    recorded = {"null": {"gaussian": {}}, "settings": auc_settings(config)}
+    assert audit_mismatch(recorded, config=config, same_inputs=True, extra_runs=False) is None
+    cases = {
+        "control or per-field": dict(recorded=recorded, config=config, same_inputs=True, extra_runs=True),
+        "another before, masks or base": dict(recorded=recorded, config=config, same_inputs=False, extra_runs=False),
+        "AUC settings": dict(
+            recorded=recorded, config=LocalizationConfig(composite_samples=50_000), same_inputs=True, extra_runs=False
+        ),
+        "ties": dict(
+            recorded=recorded,
+            config=LocalizationConfig(composite_samples=200_000, qtile_ties="ordinal"),
+            same_inputs=True,
+            extra_runs=False,
+        ),  # fmt: skip
+        "no null": dict(recorded={"settings": auc_settings(config)}, config=config, same_inputs=True, extra_runs=False),
+        "older audit": dict(recorded={"null": {"gaussian": {}}}, config=config, same_inputs=True, extra_runs=False),
+    }
+    for name, kwargs in cases.items():
+        assert audit_mismatch(kwargs.pop("recorded"), **kwargs) is not None, name

@@ -24,7 +24,7 @@ import math
 import os
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -37,11 +37,14 @@ from lacuna_metrics.weights.checkpoints import Checkpoint, Scratch
 from lacuna_tasks import stable_seed
 
 __all__ = [
+    "AUC_SETTINGS",
     "NULL_KINDS",
     "ROUNDED_DTYPES",
     "LeakAuditError",
     "NullUpdate",
+    "audit_mismatch",
     "audit_testbed",
+    "auc_settings",
     "leak_audit",
     "recorded_nulls_apply",
     "rounding_of",
@@ -227,6 +230,7 @@ def leak_audit(
             "masks": str(Path(masks)),
         },
         "composite_samples": composite_samples,
+        "settings": auc_settings(config),
         "seconds": round(time.perf_counter() - started, 1),
     }
     dtypes = stored_as(before_ck)
@@ -250,20 +254,53 @@ def score_null_updates(
     config: LocalizationConfig,
     scales: Mapping[str, float],
     stored_like: Checkpoint | None = None,
+    control: tuple[Checkpoint, Checkpoint] | None = None,
+    crossfield: Sequence[Checkpoint] = (),
 ) -> tuple[dict[str, dict[str, dict[str, float | None]]], dict[str, Any]]:
     """Score every null update of :data:`NULL_KINDS` (seeded with ``config.seed``, at ``scales[kind]``, stored like
     ``stored_like``, default ``before``) through the scorer, under every family and target: ``({kind: {family:
     {target: AUC}}}, the first update's localization section)``. The one loop behind the leak audit and ``lacuna
-    score``'s null calibration."""
+    score``'s null calibration. ``control`` and ``crossfield`` are the scored method's own control and per-field
+    runs, so the contrast and crossfield families are calibrated on what they read besides the update."""
     null: dict[str, dict[str, dict[str, float | None]]] = {}
     first: dict[str, Any] = {}
     for kind in NULL_KINDS:
         after = NullUpdate(before, kind, seed=config.seed, scale=scales[kind], stored_like=stored_like)
-        result = Localization(before, after, MaskReader(masks), base=base, config=config).run()
+        loc = Localization(
+            before, after, MaskReader(masks), base=base, control=control, crossfield=crossfield, config=config
+        )
+        result = loc.run()
         first = first or result
         families = [s for s in result["auc"][next(iter(TARGETS))] if s != "best"]
         null[kind] = {s: {t: result["auc"][t].get(s) for t in TARGETS} for s in families}
     return null, first
+
+
+#: The scorer settings that change an AUC (ties, the composite's sample, histogram resolution): a recorded audit
+#: stands for a score's null updates only where they are equal.
+AUC_SETTINGS = ("qtile_ties", "composite", "composite_samples", "bins_bits", "exact_limit")
+
+
+def auc_settings(config: LocalizationConfig) -> dict[str, Any]:
+    """The :data:`AUC_SETTINGS` of ``config``, as an audit records them."""
+    return {name: getattr(config, name) for name in AUC_SETTINGS}
+
+
+def audit_mismatch(
+    recorded: Mapping[str, Any], *, config: LocalizationConfig, same_inputs: bool, extra_runs: bool
+) -> str | None:
+    """Why a testbed's recorded audit does not stand for this score's null updates (None: it does): it must have
+    scored the same before, masks and base (``same_inputs``, compared by the caller) with the same AUC settings,
+    and the score must read no control or per-field runs, which the audit never had."""
+    if extra_runs:
+        return "the score reads control or per-field runs, which the audit did not"
+    if not recorded.get("null"):
+        return "the audit recorded no null AUCs"
+    if not same_inputs:
+        return "the audit scored another before, masks or base"
+    if recorded.get("settings") != auc_settings(config):
+        return f"its AUC settings {recorded.get('settings')} differ from this score's {auc_settings(config)}"
+    return None
 
 
 def stored_as(ckpt: Checkpoint) -> list[str]:
