@@ -510,3 +510,49 @@ def test_min_auc_gates_the_calibrated_best_not_the_uncalibrated_one(tmp_path, ca
     path = run_results(tmp_path / "u", {"no_null": uncalibrated})
     assert gate(path, "--min-auc", "0.8") == 1
     assert "MISSING" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("value", [float("inf"), float("-inf")])
+def test_an_infinite_value_fails_whichever_way_the_criterion_points(tmp_path, value):
+    """-inf is <= any leak threshold and inf >= any AUC threshold: both used to pass. A non-finite value fails."""
+    entry = method(value, 0.9, 0.9)
+    entry["auc"]["forget"]["calibrated_best"]["value"] = value
+    entry["auc"]["forget"]["best_lift"] = {"score": "raw", "value": value}
+    path = run_results(tmp_path, {"m": entry})
+    assert gate(path, "--max-leak", "0.1") == 1
+    assert gate(path, "--min-auc", "0.5") == 1
+    assert gate(path, "--min-lift", "0.0") == 1
+    assert gate(path, "--check", "forget_leak<=0.5") == 1
+    [verdict] = evaluate(load_subjects(path), [Criterion("max-leak", "forget_leak", "<=", 1.0)])
+    assert verdict.status == FAIL and "not a finite number" in verdict.message
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("--max-leak", "inf"),
+        ("--min-auc=-inf",),
+        ("--max-leak", "1.5"),
+        ("--min-retain=-0.1",),
+        ("--min-auc", "1.01"),
+        ("--min-lift=-2",),
+        ("--check", "forget_leak<=inf"),
+        ("--check", "auc_forget_calibrated>=1.5"),
+    ],
+)
+def test_a_threshold_no_value_can_meet_or_miss_is_refused(tmp_path, capsys, args):
+    try:
+        code = gate(run_results(tmp_path), *args)
+    except SystemExit as exc:  # argparse refuses a non-finite number itself
+        code = exc.code
+    assert code == 2
+    err = capsys.readouterr().err
+    assert "finite" in err or "outside" in err, err
+
+
+def test_thresholds_at_the_ends_of_a_range_are_accepted(tmp_path):
+    entry = method(0.0, 1.0, 1.0)
+    entry["auc"]["forget"]["best_lift"] = {"score": "raw", "value": -1.0}
+    path = run_results(tmp_path, {"m": entry})
+    assert gate(path, "--max-leak", "0", "--min-retain", "1", "--min-auc", "1", "--min-lift=-1") == 0
+    assert gate(path, "--check", "frag>=-5") == 0  # unbounded metrics take any finite threshold

@@ -87,8 +87,8 @@ def _threshold(text: str) -> float:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if math.isnan(value):
-        raise argparse.ArgumentTypeError("threshold is NaN")
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"threshold {text!r} is not a finite number")
     return value
 
 

@@ -38,6 +38,19 @@ PASS, FAIL, MISSING = "PASS", "FAIL", "MISSING"
 #: Metric keys every subject may carry (usable in ``--check`` as bare names), with their meaning.
 METRICS: dict[str, str] = {key: spec.description for key, spec in METRIC_TABLE.items()}
 
+#: The values a metric can take, where it is bounded (rates and AUCs in [0, 1], a lift in [-1, 1]): a threshold
+#: outside can never be met or never fail, so it is refused as a typo.
+RANGES: dict[str, tuple[float, float]] = {
+    **{
+        key: (0.0, 1.0)
+        for key in METRIC_TABLE
+        if key.startswith(("auc_forget", "auc_unified"))
+        or key.endswith(("_leak", "_accuracy", "success_at_n"))
+        or key in ("j_w", "j_p", "j_icr", "retain_j_avg", "em", "es", "prob", "success_at_n_unlearned")
+    },
+    "auc_forget_lift": (-1.0, 1.0),
+}
+
 #: Built-in flags: (option, criterion name, metric key, comparison, help).
 _BUILTINS: tuple[tuple[str, str, str, str, str], ...] = (
     ("--max-leak", "max-leak", "forget_leak", "<=", "forget QA leak rate <= X"),
@@ -102,8 +115,13 @@ class Criterion:
     def __post_init__(self) -> None:
         if self.op not in ("<=", ">="):
             raise GateError(f"criterion {self.name!r}: comparison must be <= or >=, not {self.op!r}")
-        if math.isnan(self.threshold):
-            raise GateError(f"criterion {self.name!r}: threshold is NaN")
+        if not math.isfinite(self.threshold):
+            raise GateError(f"criterion {self.name!r}: threshold {self.threshold} is not a finite number")
+        lo, hi = RANGES.get(self.metric, (-math.inf, math.inf))
+        if not lo <= self.threshold <= hi:
+            raise GateError(
+                f"criterion {self.name!r}: threshold {self.threshold:g} is outside {self.metric}'s [{lo:g}, {hi:g}]"
+            )
 
     def holds(self, value: float) -> bool:
         """Whether ``value`` satisfies the criterion (NaN never does; equality passes)."""
@@ -213,8 +231,8 @@ def parse_check(text: str) -> Criterion:
         threshold = float(m["value"])
     except ValueError:
         raise GateError(f"bad --check {text!r}: threshold {m['value']!r} is not a number") from None
-    if math.isnan(threshold):
-        raise GateError(f"bad --check {text!r}: threshold is NaN")
+    if not math.isfinite(threshold):
+        raise GateError(f"bad --check {text!r}: threshold {m['value']!r} is not a finite number")
     return Criterion(f"check {path}", path, m["op"], threshold)
 
 
@@ -239,8 +257,8 @@ def _judge(criterion: Criterion, subject: str, source: Path, found: bool, value:
         return verdict(MISSING, f"{where} not measured (absent from {source.name})")
     if not _is_number(value):
         return verdict(FAIL, f"{where} is not a number: {value!r}")
-    if math.isnan(value):
-        return verdict(FAIL, f"{where} is NaN")
+    if not math.isfinite(value):
+        return verdict(FAIL, f"{where} is {'NaN' if math.isnan(value) else value} (not a finite number)")
     shown = f"{criterion.metric} = {_fmt(value, criterion.threshold)}"
     if criterion.holds(value):
         return verdict(PASS, f"{shown} {criterion.op} {_fmt(criterion.threshold)}")
