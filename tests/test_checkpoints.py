@@ -929,3 +929,55 @@ def test_legacy_non_zip_bin_is_refused_with_the_conversion(tmp_path):
     (tmp_path / "pytorch_model.bin").write_bytes(b"not a pickle at all")
     with pytest.raises(CheckpointError, match="not a PyTorch zip archive"):
         Checkpoint(tmp_path)
+
+
+def _two_layout_dir(tmp_path, single: str, index: str | None, other: str | None = None):
+    """A directory with ``model.safetensors``-style single file(s) and/or an index with its shard, each holding a
+    different value of one tensor, so the file a reader chose shows in what it reads."""
+    import json
+
+    from safetensors.torch import save_file
+
+    d = tmp_path / "ckpt"
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps({"model_type": "llama"}))
+
+    def write(name: str, value: float) -> None:
+        t = {"w": torch.full((2, 2), value)}
+        if name.endswith(".bin"):
+            torch.save(t, d / name)
+        else:
+            save_file(t, str(d / name))
+
+    write(single, 1.0)
+    if other:
+        write(other, 3.0)
+    if index:
+        shard = "model-00001-of-00001.safetensors" if "safetensors" in index else "pytorch_model-00001-of-00001.bin"
+        write(shard, 2.0)
+        (d / index).write_text(json.dumps({"metadata": {}, "weight_map": {"w": shard}}))
+    return d
+
+
+@pytest.mark.parametrize(
+    ("single", "index"),
+    [("model.safetensors", "model.safetensors.index.json"), ("pytorch_model.bin", "pytorch_model.bin.index.json")],
+)
+def test_a_directory_with_two_layouts_of_one_format_is_refused_naming_both(tmp_path, single, index):
+    d = _two_layout_dir(tmp_path, single, index)
+    with pytest.raises(CheckpointError) as err:
+        Checkpoint(d).names  # noqa: B018
+    assert single in str(err.value) and index in str(err.value) and str(d) in str(err.value)
+
+
+@pytest.mark.parametrize(
+    ("single", "index", "other", "expected"),
+    [
+        ("model.safetensors", None, "pytorch_model.bin", 1.0),  # safetensors before PyTorch
+        ("pytorch_model.bin", "model.safetensors.index.json", None, 2.0),  # a safetensors index before a .bin
+    ],
+)
+def test_the_reader_takes_the_file_from_pretrained_takes(tmp_path, single, index, other, expected):
+    d = _two_layout_dir(tmp_path, single, index, other)
+    ckpt = Checkpoint(d)
+    assert float(ckpt.read("w")[0, 0]) == expected

@@ -171,18 +171,28 @@ class Checkpoint:
     # -- layout -------------------------------------------------------------------------------------
 
     def _discover(self) -> tuple[list[Path], dict[str, Path]]:
-        """Weight files, and for sharded checkpoints which file the index says holds each tensor."""
+        """Weight files, and for sharded checkpoints which file the index says holds each tensor.
+
+        The files ``from_pretrained`` loads, in its order (safetensors before PyTorch, a single file before an
+        index), so that the weights scored are the ones lm-eval and the trainer load. A directory holding one
+        format both as a single file and as an index is two checkpoints in one place: refused, naming both."""
         p = self.path
         if p.is_file():
             return [p], {}
-        for index_name in ("model.safetensors.index.json", "pytorch_model.bin.index.json"):
-            index = p / index_name
+        for single, index in (
+            (p / "model.safetensors", p / "model.safetensors.index.json"),
+            (p / "pytorch_model.bin", p / "pytorch_model.bin.index.json"),
+        ):
+            if single.is_file() and index.is_file():
+                raise CheckpointError(
+                    f"{p}: holds both {single.name} and {index.name}, two layouts of one checkpoint (transformers "
+                    f"loads {single.name}); remove the stale one"
+                )
+            if single.is_file():
+                return [single], {}
             if index.is_file():
                 weight_map = _index_map(index)
                 return list(dict.fromkeys(weight_map.values())), weight_map
-        for single in ("model.safetensors", "pytorch_model.bin"):
-            if (p / single).is_file():
-                return [p / single], {}
         raise CheckpointError(
             f"{p}: no model.safetensors, model.safetensors.index.json, pytorch_model.bin or its index found"
         )
