@@ -47,6 +47,7 @@ _EXPORTS: dict[str, str] = {
             "SCORES",
         ),
         "lacuna_metrics.manifest": (
+            "exclusive_writer",
             "build_manifest",
             "package_versions",
             "publish_together",

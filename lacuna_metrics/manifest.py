@@ -1,10 +1,12 @@
-"""What every artifact records about how it was made: versions, hardware, and atomic JSON/text/PNG writes.
+"""What every artifact records about how it was made: versions, hardware, atomic JSON/text/PNG writes, and the lock
+that keeps a second writer off an output.
 
 Lives in ``lacuna_metrics`` so both the scorer and the trainers (``lacuna_unlearn``) use one copy.
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import platform
@@ -18,6 +20,7 @@ from typing import Any
 __all__ = [
     "PACKAGES",
     "build_manifest",
+    "exclusive_writer",
     "hardware",
     "package_versions",
     "publish_together",
@@ -158,3 +161,38 @@ def save_figure(fig: Any, path: str | os.PathLike[str], dpi: int = 110) -> Path:
     finally:
         plt.close(fig)
     return path
+
+
+@contextmanager
+def exclusive_writer(
+    out: str | os.PathLike[str], command: str, *, flag: str = "--out", lock: str | os.PathLike[str] | None = None
+) -> Iterator[None]:
+    """Hold the lock of ``out``'s one writer while the block runs: a second ``command`` writing ``out`` fails at once
+    (FileExistsError naming ``out``, the holder's pid and ``flag``) instead of racing the first one's files.
+
+    The lock file is ``lock``, by default ``.NAME.lock`` beside ``out``, so that ``out`` itself may be replaced by
+    a rename. In a distributed launch only the main process (``RANK`` unset or 0) takes it. An flock: released by
+    the kernel when the holder dies, so a killed writer never leaves a stale lock."""
+    if os.environ.get("RANK", "0") != "0":
+        yield
+        return
+    target = Path(out)
+    path = Path(lock) if lock is not None else target.parent / f".{target.name}.lock"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a+") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.seek(0)
+            pid, _, who = (handle.read().strip() or "unknown").partition(" ")
+            raise FileExistsError(
+                f"{target}: another {who or command} is writing here (pid {pid}); use another {flag}"
+            ) from None
+        handle.seek(0)
+        handle.truncate()
+        handle.write(f"{os.getpid()} {command}")
+        handle.flush()
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)

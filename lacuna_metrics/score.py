@@ -423,17 +423,18 @@ def score_to_dir(out: PathLike, *, plots: bool = False, **kwargs: Any) -> Path:
     The files appear together (:func:`lacuna_metrics.manifest.publish_together`); nothing is written when
     scoring or any of the writers fails.
     """
-    from lacuna_metrics.manifest import publish_together, write_json, write_text
+    from lacuna_metrics.manifest import exclusive_writer, publish_together, write_json, write_text
     from lacuna_metrics.plots import write_plots
     from lacuna_metrics.report import markdown_summary
 
-    result = score_pair(**kwargs)
     out = Path(out)
-    with publish_together(out) as staging:
-        if plots:
-            write_plots(result, staging / "plots")
-        write_text(staging / "score.md", markdown_summary(result))
-        write_json(staging / "score.json", result)
+    with exclusive_writer(out, "lacuna score"):  # a second score into OUT would interleave its files with ours
+        result = score_pair(**kwargs)
+        with publish_together(out) as staging:
+            if plots:
+                write_plots(result, staging / "plots")
+            write_text(staging / "score.md", markdown_summary(result))
+            write_json(staging / "score.json", result)
     return out
 
 

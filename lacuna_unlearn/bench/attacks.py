@@ -118,13 +118,13 @@ def resurfacing_attack(
     source = data if data is not None else Path(testbed) / "data"
     _check_data(source, cfg, field)
 
-    from lacuna_metrics import build_manifest, write_json
+    from lacuna_metrics import build_manifest, exclusive_writer, write_json
     from lacuna_tasks import load_data
     from lacuna_unlearn.publish import building
     from lacuna_unlearn.trainer.app import run
 
     loaded = load_data(source)
-    with building(out) as partial:
+    with exclusive_writer(out, "lacuna attack"), building(out) as partial:
         assert partial / "relearned" == partial_out
         timings: dict[str, float] = {}
         tick = time.time()

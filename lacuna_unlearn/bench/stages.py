@@ -7,17 +7,16 @@ version, so a rerun redoes only what changed and a new release never reuses an o
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import json
 import logging
-import os
 import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from lacuna_metrics import exclusive_writer
 from lacuna_unlearn.publish import building
 
 __all__ = ["Stages", "locked", "stage_key", "testbed_fingerprint", "testbed_preset"]
@@ -42,23 +41,8 @@ def locked(out: Path) -> Iterator[None]:
     """Hold ``OUT/.lock`` for the run: a second ``lacuna run`` into the same ``--out`` fails at once instead of
     racing the first one's stages."""
     out.mkdir(parents=True, exist_ok=True)
-    with open(out / ".lock", "a+") as handle:
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            handle.seek(0)
-            holder = handle.read().strip() or "unknown"
-            raise FileExistsError(
-                f"{out}: another lacuna run is writing here (pid {holder}); use another --out"
-            ) from None
-        handle.seek(0)
-        handle.truncate()
-        handle.write(str(os.getpid()))
-        handle.flush()
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
+    with exclusive_writer(out, "lacuna run", lock=out / ".lock"):
+        yield
 
 
 class Stages:

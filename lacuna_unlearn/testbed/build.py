@@ -45,6 +45,7 @@ from lacuna_metrics import (
     MaskSet,
     build_manifest,
     build_masks,
+    exclusive_writer,
     named_shapes_of,
     save_masks,
     write_json,
@@ -118,6 +119,11 @@ def build_testbed(
     if state.num_processes > 1:  # share the cores between processes instead of oversubscribing them
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // state.num_processes))
     out = Path(out)
+    with exclusive_writer(out, "lacuna build-testbed"):  # two builds into one OUT would mix their masks and data
+        return _build_locked(out, cfg, state, unmasked=unmasked, model=model, force=force)
+
+
+def _build_locked(out: Path, cfg: TestbedConfig, state, *, unmasked: bool, model: str | None, force: bool) -> Path:
     partial = out.with_name(out.name + ".partial")
     if state.is_main_process:
         if out.exists() and not force:

@@ -28,6 +28,13 @@ __all__ = ["EDITORS", "main", "preflight", "run"]
 def run(cfg: Any) -> Path:
     """Resolve inputs from the config (testbed or explicit paths) and run the method, FRP or an attack."""
     preflight(cfg)  # before the heavy imports below: a bad input fails in about a second
+    from lacuna_metrics import exclusive_writer
+
+    with exclusive_writer(str(cfg.output_dir), "lacuna-unlearn", flag="output_dir"):
+        return _run(cfg)
+
+
+def _run(cfg: Any) -> Path:
     from omegaconf import OmegaConf
 
     from lacuna_metrics import load_masks
