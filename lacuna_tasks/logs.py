@@ -12,7 +12,7 @@ import sys
 from collections.abc import Iterable, Iterator
 from typing import Any, TypeVar
 
-__all__ = ["add_verbosity_arguments", "configure_logging", "progress", "verbosity_level"]
+__all__ = ["LineProgress", "add_verbosity_arguments", "configure_logging", "progress", "verbosity_level"]
 
 T = TypeVar("T")
 
@@ -79,12 +79,115 @@ def add_verbosity_arguments(parser: Any) -> None:
     )
 
 
+#: Seconds between two progress lines when stderr is no terminal (a log file, CI, ``nohup``).
+PROGRESS_SECONDS_ENV = "LACUNA_PROGRESS_SECONDS"
+
+
 def progress(iterable: Iterable[T] | None = None, **kwargs: Any) -> Iterator[T] | Any:
-    """A tqdm bar (``tqdm.auto``) over ``iterable`` with ``kwargs`` passed through; drawn only on a terminal and
-    never under ``--quiet``. Without an iterable, returns a manual bar (``total=``, ``.update(n)``)."""
+    """A progress report over ``iterable`` (or a manual one: ``total=``, ``.update(n)``), never under ``--quiet``:
+    a tqdm bar on a terminal; elsewhere (a log file, CI, ``nohup``) one plain line every
+    ``$LACUNA_PROGRESS_SECONDS`` (default 60) with the stage's name, the count done and an estimate of what
+    remains, so a long stage is never silent. Work shorter than that prints nothing."""
     from tqdm.auto import tqdm
 
+    quiet = _bars_enabled is False or kwargs.get("disable") is True
+    if not quiet and not _is_terminal(sys.stderr):
+        return LineProgress(iterable, **kwargs)
     if "disable" not in kwargs:
-        kwargs["disable"] = True if _bars_enabled is False else None
+        kwargs["disable"] = True if quiet else None
     kwargs.setdefault("dynamic_ncols", True)
     return tqdm(iterable, **kwargs) if iterable is not None else tqdm(**kwargs)
+
+
+def _is_terminal(stream: Any) -> bool:
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, ValueError):
+        return False
+
+
+class LineProgress:
+    """tqdm's interface (iteration, ``update``, ``n``, ``set_postfix``, ``close``, a context manager) as one line
+    on stderr every ``interval`` seconds: ``desc: 120/600 step (20%), 3m10s elapsed, ~12m40s left``."""
+
+    def __init__(self, iterable: Iterable[Any] | None = None, *, total: float | None = None, desc: str = "working",
+                 unit: str = "it", unit_scale: bool = False, interval: float | None = None, **_: Any) -> None:  # fmt: skip
+        import os
+        import time
+
+        self.iterable, self.desc, self.unit, self.n, self.unit_scale = iterable, desc, unit, 0, unit_scale
+        if total is None and iterable is not None and hasattr(iterable, "__len__"):
+            total = len(iterable)  # type: ignore[arg-type]
+        self.total = total
+        if interval is None:
+            raw = os.environ.get(PROGRESS_SECONDS_ENV, "").strip()
+            interval = float(raw) if raw else 60.0
+        self.interval = interval
+        self._clock = time.monotonic
+        self.start = self._next = self._clock()
+        self._next += interval
+        self._postfix = ""
+        self._printed = False
+
+    def __iter__(self) -> Iterator[Any]:
+        for item in self.iterable or ():
+            yield item
+            self.update(1)
+        self.close()
+
+    def __enter__(self) -> LineProgress:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def set_postfix(self, refresh: bool = True, **values: Any) -> None:
+        self._postfix = ", ".join(f"{k}={v}" for k, v in values.items())
+
+    def set_description(self, desc: str, refresh: bool = True) -> None:
+        self.desc = desc
+
+    def update(self, n: float = 1) -> None:
+        self.n += n
+        if self._clock() >= self._next:
+            self._next = self._clock() + self.interval
+            self._emit()
+
+    def close(self) -> None:
+        if self._printed:  # a report that started gets its end; short work printed nothing
+            self._printed = False
+            self._emit(done=True)
+
+    def _emit(self, done: bool = False) -> None:
+        elapsed = self._clock() - self.start
+        num = _si if self.unit_scale else (lambda v: f"{v:g}")
+        count = num(self.n) + (f"/{num(self.total)}" if self.total else "") + f" {self.unit}"
+        if self.total:
+            count += f" ({100 * self.n / self.total:.0f}%)"
+        line = f"{self.desc}: {count}, {_duration(elapsed)} elapsed"
+        if not self._printed and not done:  # the first line says how many threads the work runs on
+            torch = sys.modules.get("torch")
+            line += f" on {torch.get_num_threads()} threads" if torch is not None else ""
+        if done:
+            line += ", done"
+        elif self.total and self.n:
+            line += f", ~{_duration(elapsed * (self.total - self.n) / self.n)} left"
+        if self._postfix:
+            line += f", {self._postfix}"
+        print(line, file=sys.stderr, flush=True)
+        self._printed = not done
+
+
+def _duration(seconds: float) -> str:
+    seconds = int(round(seconds))
+    hours, rest = divmod(seconds, 3600)
+    minutes, secs = divmod(rest, 60)
+    return f"{hours}h{minutes:02d}m" if hours else f"{minutes}m{secs:02d}s" if minutes else f"{secs}s"
+
+
+def _si(value: float) -> str:
+    """``1234567`` as ``1.23M`` (the scale tqdm's ``unit_scale`` shows)."""
+    for factor, suffix in ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(value) >= factor:
+            return f"{value / factor:.3g}{suffix}"
+    return f"{value:g}"
