@@ -556,3 +556,22 @@ def test_thresholds_at_the_ends_of_a_range_are_accepted(tmp_path):
     path = run_results(tmp_path, {"m": entry})
     assert gate(path, "--max-leak", "0", "--min-retain", "1", "--min-auc", "1", "--min-lift=-1") == 0
     assert gate(path, "--check", "frag>=-5") == 0  # unbounded metrics take any finite threshold
+
+
+def test_a_check_on_methods_name_reads_every_field_of_the_run(tmp_path, capsys):
+    """``--check 'methods.NAME.…'`` on a run over several fields used to read the first field only and passed a run
+    where the other fields leaked 1.0."""
+    good, bad = method(0.0, 0.9, 0.9), method(1.0, 0.9, 0.9)
+    path = run_results(tmp_path, {"oracle_grad": good})
+    doc = json.loads(path.read_text())
+    doc["by_field"] = {
+        "email": {"methods": {"oracle_grad": good}},
+        "phone": {"methods": {"oracle_grad": bad}},
+        "birth_city": {"methods": {"oracle_grad": bad}},
+    }
+    path.write_text(json.dumps(doc))
+    assert gate(path, "--check", "methods.oracle_grad.behaviour.forget_leak<=0.1") == 1
+    out = capsys.readouterr().out
+    assert "email/oracle_grad" in out and "phone/oracle_grad" in out and "birth_city/oracle_grad" in out
+    assert gate(path, "--field", "email", "--check", "methods.oracle_grad.behaviour.forget_leak<=0.1") == 0
+    assert gate(path, "--check", "methods.nonesuch.behaviour.forget_leak<=0.1") == 1  # missing, not passed

@@ -270,7 +270,8 @@ def evaluate(subjects: Sequence[Subject], criteria: Sequence[Criterion]) -> list
 
     A metric-key criterion reads ``subject.metrics``. A dotted path is absolute when its first
     segment is a top-level key of the input file: ``methods.NAME.…`` gives one verdict for method
-    NAME, ``methods.*.…`` one per selected method, any other absolute path one verdict per run
+    NAME in every field of the run, ``methods.*.…`` one per selected method and field, any other absolute path
+    one verdict per run
     (subject ``baseline`` or ``run``). Otherwise it is relative to each subject (a method entry,
     or the lm-eval JSON root, which also holds ``score`` when a score.json was given).
     """
@@ -290,11 +291,12 @@ def evaluate(subjects: Sequence[Subject], criteria: Sequence[Criterion]) -> list
             members = [s for s in subjects if s.document is doc]
             root = doc.root
             if doc.kind == "run" and segments[0] == "methods" and len(segments) > 1:
-                if segments[1] == "*":
-                    for s in members:
-                        found, value = _lookup(root, [*s.base, *segments[2:]])
-                        verdicts.append(_judge(c, s.name, doc.path, found, value, c.metric))
-                else:
+                # one verdict per subject of that method: on a run over several fields, one per field
+                chosen = [s for s in members if segments[1] == "*" or (s.base and s.base[-1] == segments[1])]
+                for s in chosen:
+                    found, value = _lookup(root, [*s.base, *segments[2:]])
+                    verdicts.append(_judge(c, s.name, doc.path, found, value, c.metric))
+                if not chosen:
                     found, value = _lookup(root, segments)
                     verdicts.append(_judge(c, segments[1], doc.path, found, value, c.metric))
             elif doc.kind == "run" and segments[0] in root:
