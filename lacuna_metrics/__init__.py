@@ -75,6 +75,7 @@ _EXPORTS: dict[str, str] = {
         "lacuna_metrics.report": (
             "fmt",
             "markdown_summary",
+            "update_warning",
         ),
         "lacuna_metrics.schemas": (
             "SCHEMAS",

@@ -4,11 +4,12 @@ See docs/report.md."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from lacuna_metrics.localization.auc import TARGETS
 
-__all__ = ["fmt", "markdown_summary"]
+__all__ = ["fmt", "markdown_summary", "update_warning"]
 
 
 def fmt(value: Any, digits: int = 4) -> str:
@@ -18,6 +19,24 @@ def fmt(value: Any, digits: int = 4) -> str:
     if isinstance(value, float):
         return f"{value:.{digits}f}"
     return str(value)
+
+
+def _verdict(target: Mapping[str, Any] | None) -> str:
+    """The calibrated verdict of one target as a cell: ``**raw** 0.9123 (+0.4100)``, or why there is none."""
+    best = (target or {}).get("best") or {}
+    if best.get("value") is None:
+        return "none passed"
+    lift = ((target or {}).get("best_lift") or {}).get("value")
+    return f"**{best['score']}** {fmt(best['value'])}" + ("" if lift is None else f" ({lift:+.4f})")
+
+
+def update_warning(result: Mapping[str, Any]) -> str | None:
+    """A warning for an update that cannot be scored as one: zero (after equals before), so every score ties and
+    every AUC is 0.5 by construction."""
+    l2 = (result.get("distance") or {}).get("l2")
+    if l2 is not None and l2 == 0:
+        return "the update is zero (after equals before): every score ties, every AUC is 0.5 by construction"
+    return None
 
 
 def _ties_note(qtile_ties: str | None) -> str:
@@ -45,6 +64,9 @@ def markdown_summary(result: dict[str, Any]) -> str:
         lines[-1] += "  "
         lines.append(f"base (reversal reference): `{inputs['base']['path']}` (`{inputs['base'].get('fingerprint')}`)")
     lines.append("")
+    warning = update_warning(result)
+    if warning:
+        lines += [f"**Warning: {warning}**", ""]
     auc = result.get("auc")
     if auc:
         targets = list(TARGETS)
@@ -57,15 +79,36 @@ def markdown_summary(result: dict[str, Any]) -> str:
             "|---|" + "---|" * len(targets),
         ]
         scores = [s for s in auc["forget"] if s != "best"]
+        calibrated = (result.get("null_calibration") or {}).get("targets") or {}
+
+        def cell(t: str, s: str) -> str:  # † marks a family the null calibration excluded for that target
+            excluded = s in ((calibrated.get(t) or {}).get("excluded") or {})
+            return fmt(auc[t].get(s)) + (" †" if excluded and auc[t].get(s) is not None else "")
+
         for s in scores:
             if all(auc[t].get(s) is None for t in targets):
                 continue
-            lines.append(f"| {s} | " + " | ".join(fmt(auc[t].get(s)) for t in targets) + " |")
-        best = " | ".join(f"**{auc[t]['best']['score']}** {fmt(auc[t]['best']['value'])}" for t in targets)
-        lines.append(f"| best | {best} |")
+            lines.append(f"| {s} | " + " | ".join(cell(t, s) for t in targets) + " |")
+        if calibrated:
+            lines.append(
+                "| **calibrated best** (lift) | " + " | ".join(_verdict(calibrated.get(t)) for t in targets) + " |"
+            )
+        if calibrated:  # the verdict above; the uncalibrated best is a plain row for comparison with the paper
+            best = " | ".join(f"{auc[t]['best']['score']} {fmt(auc[t]['best']['value'])}" for t in targets)
+            lines.append(f"| best, uncalibrated | {best} |")
+        else:
+            best = " | ".join(f"**{auc[t]['best']['score']}** {fmt(auc[t]['best']['value'])}" for t in targets)
+            lines.append(f"| best | {best} |")
         for name in result["baselines"]["forget"]:
             values = " | ".join(fmt(result["baselines"][t][name]) for t in targets)
             lines.append(f"| baseline: {name} (no after-model) | {values} |")
+        if calibrated:
+            lines += [
+                "",
+                "† excluded by the null calibration: a method-free update already moves that family's AUC away from "
+                "0.5, so its number says nothing about the method (docs/scoring.md, 'Null calibration'). The verdict "
+                "is the calibrated best; the uncalibrated best is kept for comparison with the paper.",
+            ]
         bounds = [b for t in targets for b in result["auc_error_bound"][t].values()]
         worst = max(bounds) if bounds else 0.0
         lines += ["", "All AUCs exact." if worst == 0 else f"Largest AUC error bound: {worst:.2e} (histogram mode)."]

@@ -269,6 +269,34 @@ def test_score_markdown_still_renders():
     assert "| best | **composite** 0.6000" in markdown_summary(result)
 
 
+def test_score_markdown_headlines_the_calibrated_verdict_and_marks_excluded_families():
+    """A bf16 save of an unchanged model was headlined "best unified AUC 1.0" in score.md while the JSON's
+    calibration excluded that family: the headline is now the calibrated best, excluded families carry a †, and a
+    zero update says so."""
+    result = _score()
+    result.update(
+        manifest={"inputs": {"after": {"path": "a"}, "before": {"path": "b"}}},
+        auc_error_bound={t: {} for t in TARGETS},
+        not_applicable={},
+        universe={"tensors": 1, "scalars": 10, "forget": 2, "retain": 2, "outside": 6},
+        distance={"l2": 0.0},
+    )
+    cal = {"best": {"score": "raw", "value": 0.52}, "best_lift": {"score": "raw", "value": 0.01}}
+    result["null_calibration"] = {
+        "targets": {
+            "forget": {**cal, "excluded": {"composite": "null AUC 0.600 outside 0.5 ± 0.05"}},
+            "unified": {"best": {"score": None, "value": None, "reason": "x"}, "best_lift": {}, "excluded": {}},
+            "forget_vs_retain": {**cal, "excluded": {}},
+        }
+    }
+    text = markdown_summary(result)
+    assert "| **calibrated best** (lift) | **raw** 0.5200 (+0.0100) | none passed | **raw** 0.5200 (+0.0100) |" in text
+    assert "| best, uncalibrated | composite 0.6000" in text and "| best | **composite**" not in text
+    composite = next(line for line in text.splitlines() if line.startswith("| composite |"))
+    assert composite.split(" | ")[1].endswith("†") and not composite.split(" | ")[2].endswith("†")
+    assert "Warning: the update is zero" in text
+
+
 def test_behaviour_counts_the_fields_persons(tmp_path):
     from lacuna_tasks.loader import load_data
     from lacuna_tasks.synth.generate import build_splits, generate_profiles, write_dataset

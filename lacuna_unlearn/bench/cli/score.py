@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -121,7 +122,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     check_score(args)
-    from lacuna_metrics import SCORES, LocalizationConfig, markdown_summary, score_to_dir
+    from lacuna_metrics import SCORES, LocalizationConfig, markdown_summary, score_to_dir, update_warning
 
     if not args.no_frag and args.frag_target is not None:
         from lacuna_metrics import check_target
@@ -165,5 +166,7 @@ def run(args: argparse.Namespace) -> int:
     coverage = (result.get("frag") or {}).get("coverage") or {}
     if coverage.get("warning"):
         print(f"warning: {coverage['warning']}")
+    if update_warning(result):
+        print(f"lacuna: warning: {update_warning(result)}", file=sys.stderr)
     print(f"wrote {written / 'score.json'} and {written / 'score.md'}" + (" and plots/" if args.plots else ""))
     return 0
