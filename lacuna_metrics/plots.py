@@ -11,7 +11,10 @@ from typing import Any
 from lacuna_metrics.localization.auc import TARGETS
 from lacuna_metrics.manifest import save_figure
 
-__all__ = ["heatmap", "pyplot", "roc_series", "write_plots"]
+__all__ = ["PLOT_FILES", "heatmap", "pyplot", "roc_series", "write_plots"]
+
+#: The files :func:`write_plots` writes (a score without ``--plots`` removes an earlier score's).
+PLOT_FILES = ("roc.png", "layers.png")
 
 
 #: What each localization target separates (titles of the ROC panels and the AUC plot).
@@ -88,7 +91,7 @@ def write_plots(result: dict[str, Any], out_dir: str | os.PathLike[str], top: in
             ax.set_aspect("equal")
             ax.legend(fontsize=8.5, loc="lower right")
         fig.suptitle("ROC of the update's scores: which scalars did the unlearning update change most?", fontsize=12)
-        written.append(save_figure(fig, out / "roc.png"))
+        written.append(save_figure(fig, out / PLOT_FILES[0]))
     per_layer = result.get("per_layer") or []
     if per_layer:
         score = (result.get("localization_settings") or {}).get("per_layer_score", "qtile")
@@ -111,7 +114,7 @@ def write_plots(result: dict[str, Any], out_dir: str | os.PathLike[str], top: in
             ax.set_title(title, fontsize=11)
             ax.set_ylabel("layer", fontsize=10)
         fig.supxlabel("grey: the update left this layer and component unchanged", fontsize=9, color="#555555")
-        written.append(save_figure(fig, out / "layers.png"))
+        written.append(save_figure(fig, out / PLOT_FILES[1]))
     return written
 
 

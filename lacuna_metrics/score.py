@@ -424,7 +424,7 @@ def score_to_dir(out: PathLike, *, plots: bool = False, **kwargs: Any) -> Path:
     scoring or any of the writers fails.
     """
     from lacuna_metrics.manifest import exclusive_writer, publish_together, write_json, write_text
-    from lacuna_metrics.plots import write_plots
+    from lacuna_metrics.plots import PLOT_FILES, write_plots
     from lacuna_metrics.report import markdown_summary
 
     out = Path(out)
@@ -435,6 +435,9 @@ def score_to_dir(out: PathLike, *, plots: bool = False, **kwargs: Any) -> Path:
                 write_plots(result, staging / "plots")
             write_text(staging / "score.md", markdown_summary(result))
             write_json(staging / "score.json", result)
+        if not plots:  # an earlier score's figures would stand beside this score.json as if they were its own
+            for name in PLOT_FILES:
+                (out / "plots" / name).unlink(missing_ok=True)
     return out
 
 

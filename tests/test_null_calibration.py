@@ -184,3 +184,19 @@ def test_a_recorded_audit_stands_only_for_a_score_with_the_same_inputs_and_auc_s
     }
     for name, kwargs in cases.items():
         assert audit_mismatch(kwargs.pop("recorded"), **kwargs) is not None, name
+
+
+def test_a_score_without_plots_removes_an_earlier_scores_figures(tmp_path):
+    """Stale plots/ of an earlier pair stayed beside a new score.json as if they were its own (issue 37 item 7)."""
+    from lacuna_metrics import build_masks, save_masks, score_to_dir
+
+    before = _tiny_state(0)
+    masks = tmp_path / "masks.safetensors"
+    save_masks(build_masks({k: tuple(v.shape) for k, v in before.items()}, 4, seed=3), masks)
+    pair = dict(before=_save(tmp_path / "before", before), masks=str(masks), frag=False, null=False, progress=False)
+    out = tmp_path / "score"
+    score_to_dir(out, plots=True, after=_save(tmp_path / "a", _moved(before, 1)), **pair)
+    assert (out / "plots" / "roc.png").is_file() and (out / "plots" / "layers.png").is_file()
+    score_to_dir(out, plots=False, after=_save(tmp_path / "b", _moved(before, 2)), **pair)
+    assert not (out / "plots" / "roc.png").exists() and not (out / "plots" / "layers.png").exists()
+    assert (out / "score.json").is_file()
