@@ -102,6 +102,7 @@ _EXPORTS: dict[str, str] = {
             "CheckpointError",
             "file_fingerprint",
         ),
+        "lacuna_metrics.weights.fingerprints": ("file_digest", "tree_fingerprint"),
         "lacuna_metrics.weights.threads": ("configure_threads",),
     }.items()
     for name in names

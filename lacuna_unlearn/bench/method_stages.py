@@ -17,7 +17,7 @@ from lacuna_unlearn.bench.reversibility import (
     reversibility,
 )
 from lacuna_unlearn.bench.run_config import POSITIVE_CONTROL
-from lacuna_unlearn.bench.stages import Stages
+from lacuna_unlearn.bench.stages import Stages, output_key
 
 __all__ = ["method_entry", "positive_control", "trajectory"]
 
@@ -64,7 +64,7 @@ def method_entry(
 
     u_stage = stages.get("unlearn", f"[{field}] unlearn {display}", u_inputs, build_unlearn)
     model = u_stage / "model"
-    u_key = u_stage.name
+    u_key = output_key(u_stage)  # downstream stages key on the unlearned model's content
     entry: dict[str, Any] = {"overrides": extra, "model": str(model)}
     # the checkpoint this entry describes; lacuna gate checks it against the score's `after`
     entry["checkpoint"] = {"path": str(model.resolve()), "fingerprint": Checkpoint(model).fingerprint()}

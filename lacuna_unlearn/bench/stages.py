@@ -16,10 +16,10 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from lacuna_metrics import exclusive_writer
+from lacuna_metrics import exclusive_writer, tree_fingerprint
 from lacuna_unlearn.publish import building
 
-__all__ = ["Stages", "locked", "stage_key", "testbed_fingerprint", "testbed_preset"]
+__all__ = ["Stages", "locked", "output_key", "stage_key", "testbed_fingerprint", "testbed_preset"]
 
 logger = logging.getLogger(__name__)
 
@@ -62,17 +62,40 @@ class Stages:
         key = stage_key({"kind": kind, **inputs})
         final = self.root / f"{kind}-{key}"
         if (final / "stage.json").is_file():
-            self.log(f"{label}: cached ({final.name})")
-            self.timings[label] = 0.0
-            return final
+            problem = _changed_outputs(final)
+            if problem is None:
+                self.log(f"{label}: cached ({final.name})")
+                self.timings[label] = 0.0
+                return final
+            self.log(f"{label}: cached outputs {problem}; rerunning")
         started = time.time()
         self.log(f"{label}: running ...")
         with building(final) as partial:
             build(partial)
-            (partial / "stage.json").write_text(json.dumps({"kind": kind, "inputs": inputs}, indent=2, default=str))
+            record = {"kind": kind, "inputs": inputs, "outputs": tree_fingerprint(partial, exclude=["stage.json"])}
+            (partial / "stage.json").write_text(json.dumps(record, indent=2, default=str))
         self.timings[label] = round(time.time() - started, 1)
         self.log(f"{label}: done in {self.timings[label]:.0f} s")
         return final
+
+
+def output_key(stage: Path) -> str:
+    """The content fingerprint of a finished stage's outputs (recorded in its ``stage.json``): what the stages
+    that read them key on, so a rebuilt stage whose outputs differ invalidates everything downstream."""
+    return str(json.loads((stage / "stage.json").read_text())["outputs"])
+
+
+def _changed_outputs(stage: Path) -> str | None:
+    """Why a cached stage's outputs cannot be reused (None: they are the ones its ``stage.json`` recorded)."""
+    try:
+        recorded = json.loads((stage / "stage.json").read_text()).get("outputs")
+    except (OSError, ValueError, AttributeError):
+        return "have an unreadable stage.json"
+    if not recorded:
+        return "were recorded without a fingerprint"
+    if tree_fingerprint(stage, exclude=["stage.json"]) != recorded:
+        return "changed since they were written"
+    return None
 
 
 def testbed_preset(testbed: Path) -> str | None:
@@ -87,8 +110,9 @@ def testbed_preset(testbed: Path) -> str | None:
 
 
 def testbed_fingerprint(testbed: Path) -> str:
-    """The cache key of a testbed: the hash of its ``manifest.json`` (a rebuilt testbed invalidates every stage)."""
+    """The cache key of a testbed: the content of every file in it (models, masks, data, manifest), so editing or
+    replacing any of them in place invalidates exactly the stages that read the testbed."""
     manifest = testbed / "manifest.json"
     if not manifest.is_file():
         raise FileNotFoundError(f"{testbed}: not a testbed (no manifest.json)")
-    return hashlib.sha256(manifest.read_bytes()).hexdigest()[:16]
+    return tree_fingerprint(testbed, exclude=["stage.json"]).removeprefix("sha256:")[:16]
