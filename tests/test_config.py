@@ -189,3 +189,25 @@ def test_testbed_preset_is_read_from_the_testbed_manifest(tmp_path):
     (tmp_path / "manifest.json").write_text("{not json")
     with pytest.raises(ValueError, match=r"manifest\.json: not a readable testbed manifest"):
         testbed_preset(tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [("score.null_tolerance", 0), ("score.null_tolerance", 0.5), ("regime.tau_rev", 0), ("regime.tau_cat", 1.0)],
+)
+def test_settings_whose_ends_are_degenerate_are_refused_up_front(key, value):
+    """score.null_tolerance 0 or 0.5 was accepted by the run config and refused only later by the scorer, under a
+    flag the user never typed; tau 0 or 1 labels everything alike (issue 37 item 5)."""
+    from lacuna_unlearn.bench.run_config import load_run_config
+
+    with pytest.raises(ValueError, match=rf"run config: {key} must be in \("):
+        load_run_config(None, preset="mini", overrides={key: value})
+
+
+@pytest.mark.parametrize(("flag", "value"), [("--tau-rev", "5"), ("--tau-cat", "-1"), ("--tau-rev", "0")])
+def test_reversibility_thresholds_outside_zero_one_are_refused(flag, value, capsys):
+    from lacuna_unlearn.bench.cli.main import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(["reversibility", "--original", "a", "--unlearned", "b", "--relearned", "c", f"{flag}={value}"])
+    assert exc.value.code == 2 and "is outside (0.0, 1.0)" in capsys.readouterr().err

@@ -239,6 +239,8 @@ def validate_run_config(cfg: Mapping[str, Any]) -> None:
         ("regime", "tau_rev"): (0.0, 1.0),
         ("regime", "tau_cat"): (0.0, 1.0),
     }
+    #: settings whose ends are excluded: a tolerance of 0 or 0.5 and a threshold of 0 or 1 make every case alike
+    open_ends = {("score", "null_tolerance"), ("regime", "tau_rev"), ("regime", "tau_cat")}
     for path, (low, high) in ranges.items():
         value = cfg
         for part in path:
@@ -253,6 +255,8 @@ def validate_run_config(cfg: Mapping[str, Any]) -> None:
         ):
             raise ValueError(f"run config: {'.'.join(path)} must be {'a number' if kind is float else 'an integer'}, "
                              f"got {value!r}")  # fmt: skip
+        if path in open_ends and not low < value < high:
+            raise ValueError(f"run config: {'.'.join(path)} must be in ({low}, {high}), got {value!r}")
         if not low <= value <= high:
             raise ValueError(f"run config: {'.'.join(path)} must be in [{low}, {high}], got {value!r}")
     rev = cfg["reversibility"]

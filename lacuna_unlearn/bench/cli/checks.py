@@ -64,7 +64,9 @@ def int_at_least(low: int):
     return parse
 
 
-def finite(low: float | None = None, high: float | None = None):
+def finite(low: float | None = None, high: float | None = None, *, open_ends: bool = False):
+    """An argparse type: a finite number in ``[low, high]`` (``(low, high)`` with ``open_ends``)."""
+
     def parse(text: str) -> float:
         try:
             value = float(text)
@@ -72,8 +74,11 @@ def finite(low: float | None = None, high: float | None = None):
             raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
         if not math.isfinite(value):
             raise argparse.ArgumentTypeError(f"{text!r} is not a finite number")
-        if (low is not None and value < low) or (high is not None and value > high):
-            bounds = f"[{'-inf' if low is None else low}, {'inf' if high is None else high}]"
+        below = low is not None and (value <= low if open_ends else value < low)
+        above = high is not None and (value >= high if open_ends else value > high)
+        if below or above:
+            left, right = ("(", ")") if open_ends else ("[", "]")
+            bounds = f"{left}{'-inf' if low is None else low}, {'inf' if high is None else high}{right}"
             raise argparse.ArgumentTypeError(f"{value} is outside {bounds}")
         return value
 

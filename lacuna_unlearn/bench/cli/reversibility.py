@@ -29,9 +29,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--relearned", required=True, help="lm-eval results of the relearned model")
     parser.add_argument("--field", default=fields[0], choices=fields)
     parser.add_argument(
-        "--tau-rev", type=finite(), default=RegimeConfig.tau_rev, help="reversible iff recovery >= this"
+        "--tau-rev",
+        type=finite(0.0, 1.0, open_ends=True),
+        default=RegimeConfig.tau_rev,
+        help="reversible iff recovery >= this",
     )
-    parser.add_argument("--tau-cat", type=finite(), default=RegimeConfig.tau_cat, help="catastrophic iff drop > this")
+    parser.add_argument(
+        "--tau-cat",
+        type=finite(0.0, 1.0, open_ends=True),
+        default=RegimeConfig.tau_cat,
+        help="catastrophic iff drop > this",
+    )
     parser.add_argument("--relative", action="store_true", help="retain drop relative to the original accuracy")
     parser.add_argument("--diagnose", help="diagnose.json to attach as representation evidence")
     parser.add_argument("--out", help="write the result JSON here")

@@ -84,7 +84,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--null-tolerance",
-        type=finite(0.0, 0.5),
+        type=finite(0.0, 0.5, open_ends=True),
         help="families whose null AUC leaves 0.5 ± this are excluded from the calibrated best (%(default)s)",
     )
     parser.add_argument("--activation-cache", help="activation statistics cache (default: $LACUNA_CACHE or ~/.cache)")
