@@ -4,11 +4,11 @@ one process, and the unlearning trainer keeps ``restrict=forget_mask`` exact und
 What stock tools do on a CPU-only host, measured (details and the GPU commands: ``docs/distributed.md``):
 
 * lm-eval 0.4.13 splits documents across ``accelerate launch`` processes only when it sees more than one
-  CUDA device; on CPU each process evaluates everything. ``tests/lm_eval_cpu_dp.py`` switches the split
+  CUDA device; on CPU each process evaluates everything. ``tests/helpers/lm_eval_cpu_dp.py`` switches the split
   on (rank/world size from the accelerator), so the 2-process run below goes through lm-eval's GPU code
   path: documents interleaved across ranks, per-document metrics gathered to rank 0, then aggregated.
 * accelerate 1.15 drops the FSDP plugin on CPU and runs DDP (``test_stock_fsdp_on_cpu_runs_ddp_and_says_so``);
-  torch 2.13 itself shards on CPU, so ``tests/accelerate_cpu_fsdp.py`` makes accelerate take its FSDP path.
+  torch 2.13 itself shards on CPU, so ``tests/helpers/accelerate_cpu_fsdp.py`` makes accelerate take its FSDP path.
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import HELPERS
 
-TESTS = Path(__file__).resolve().parent
 ACCELERATE = str(Path(sys.executable).with_name("accelerate"))
 LAUNCH_2 = ["--num_processes", "2", "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no"]
 LM_EVAL_TASKS = "lacuna_email_forget_worstcase,lacuna_email_forget_memorization,lacuna_email_extraction"
@@ -66,7 +66,7 @@ def _lm_eval(launcher: list[str], tiny, out: Path, env: dict[str, str]) -> tuple
 def lm_eval_runs(tiny_lacuna, tmp_path_factory):
     one = _lm_eval([sys.executable, "-m", "lm_eval"], tiny_lacuna, tmp_path_factory.mktemp("lm_eval_1"), _env())
     two = _lm_eval(
-        [ACCELERATE, "launch", "--multi_gpu", *LAUNCH_2, str(TESTS / "lm_eval_cpu_dp.py")],
+        [ACCELERATE, "launch", "--multi_gpu", *LAUNCH_2, str(HELPERS / "lm_eval_cpu_dp.py")],
         tiny_lacuna,
         tmp_path_factory.mktemp("lm_eval_2"),
         _env(ACCELERATE_USE_CPU="true"),  # gloo on CPU processes (MULTI_CPU)
@@ -131,7 +131,7 @@ def fsdp_masks(tiny_lacuna, tmp_path_factory) -> Path:
 def _unlearn_2proc(
     launch: list[str], tiny, masks: Path, out: Path, *overrides: str, shim: bool = True
 ) -> subprocess.CompletedProcess:
-    script = [str(TESTS / "accelerate_cpu_fsdp.py"), "-m"] if shim else ["-m"]
+    script = [str(HELPERS / "accelerate_cpu_fsdp.py"), "-m"] if shim else ["-m"]
     cmd = [
         ACCELERATE, "launch", *launch, *LAUNCH_2, *script, "lacuna_unlearn.trainer.app",
         "method=grad_diff", "restrict=forget_mask", f"model={tiny.model_dir}", f"data={tiny.data_dir}",
@@ -202,7 +202,7 @@ def test_fsdp1_refuses_a_restriction_before_training(tiny_lacuna, fsdp_masks, tm
 
 def test_stock_fsdp_on_cpu_runs_ddp_and_says_so(tiny_lacuna, fsdp_masks, tmp_path):
     """accelerate 1.15 keeps a CPU job MULTI_CPU (DDP) even with --use_fsdp. If this starts failing because
-    the manifest says FSDP, accelerate shards on CPU: drop tests/accelerate_cpu_fsdp.py and docs' caveat."""
+    the manifest says FSDP, accelerate shards on CPU: drop tests/helpers/accelerate_cpu_fsdp.py and docs' caveat."""
     out = tmp_path / "stock"
     proc = _unlearn_2proc(_cpu_fsdp(2), tiny_lacuna, fsdp_masks, out, shim=False)
     assert proc.returncode == 0, proc.stderr[-4000:]

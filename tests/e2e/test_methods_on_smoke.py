@@ -1,12 +1,11 @@
 """Every gradient method a few steps on the smoke testbed (masked-injected model, its own forget/retain split):
 the forget NLL moves the right way (up), restricted runs keep out-of-mask scalars. The localization-first
-methods (MemFlex, AlphaEdit) also lower the greedy forget leak (WAGLE and SP: tests/test_methods_wagle_sp.py)."""
+methods (MemFlex, AlphaEdit) also lower the greedy forget leak (WAGLE and SP: tests/e2e/test_wagle_sp_runs.py)."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
+from helpers import REPO
 
 from lacuna_metrics.masks import load_masks
 from lacuna_tasks.loader import load_data
@@ -65,7 +64,7 @@ def test_alpha_edit_mini_preset_lowers_the_forget_leak_on_the_smoke_testbed(smok
     from lacuna_tasks.prompts import qa_text
     from lacuna_unlearn.methods.alpha_edit.edit import AlphaEditConfig, edit_requests, run_alpha_edit
 
-    preset = Path(__file__).parents[1] / "lacuna_unlearn/configs/experiment/mini/alpha_edit.yaml"
+    preset = REPO / "lacuna_unlearn/configs/experiment/mini/alpha_edit.yaml"
     cfg = AlphaEditConfig(**{**yaml.safe_load(preset.read_text())["method"]["args"], "v_num_grad_steps": 40})
     data = load_data(smoke_testbed)
     forget = split_rows(data, "forget", "email")

@@ -10,8 +10,7 @@ import sysconfig
 from pathlib import Path
 
 import pytest
-
-REPO = Path(__file__).resolve().parents[1]
+from helpers import REPO
 
 
 @pytest.fixture(scope="module")

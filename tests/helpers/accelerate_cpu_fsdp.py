@@ -16,7 +16,7 @@ runs the module unchanged, so the Trainer, accelerate's ``fsdp2_prepare_model`` 
 sharded optimizer and the full-state-dict save all run as on GPUs, with gloo on CPU.
 
 Usage: ``accelerate launch --use_fsdp --fsdp_version 2 --fsdp_sync_module_states false
---fsdp_cpu_ram_efficient_loading false --num_processes 2 tests/accelerate_cpu_fsdp.py -m MODULE ARGS...``.
+--fsdp_cpu_ram_efficient_loading false --num_processes 2 tests/helpers/accelerate_cpu_fsdp.py -m MODULE ARGS...``.
 """
 
 from __future__ import annotations

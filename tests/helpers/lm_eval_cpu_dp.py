@@ -8,7 +8,7 @@ the unmodified ``lm_eval`` CLI, so that a 2-process gloo run goes through exactl
 ``build_all_requests(rank, world_size)`` (documents interleaved across ranks), padding, and
 ``gather_object`` of every per-document metric to rank 0 before aggregation.
 
-Usage (CPU): ``ACCELERATE_USE_CPU=true accelerate launch --multi_gpu --num_processes 2 tests/lm_eval_cpu_dp.py
+Usage (CPU): ``ACCELERATE_USE_CPU=true accelerate launch --multi_gpu --num_processes 2 tests/helpers/lm_eval_cpu_dp.py
 <lm_eval arguments>``.
 """
 

@@ -2,16 +2,15 @@
 profile agreement, disjoint sides, held-out people), checked when the directory is loaded.
 
 Each case copies the bundled data into tmp_path, corrupts one thing and expects a one-line
-LacunaDataError naming the file, the split, the row and the offending ID/field."""
+LacunaDataError naming the file, the split, the row and the offending ID/field. Through the real ``lm_eval`` CLI:
+tests/e2e/test_data_validation_cli.py.
+"""
 
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -282,27 +281,3 @@ def test_task_entry_point_fails_before_building_docs(data_dir):
     write(data_dir, "forget", rows)
     with pytest.raises(LacunaDataError, match=r"split 'forget' row 1: duplicate ID"):
         load_docs(field="email", side="forget", kind="extraction", lacuna_data=str(data_dir))
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("task", ["lacuna_email_forget_qa", "lacuna_email_crossfield_qa"])
-def test_lm_eval_cli_reports_the_data_error(data_dir, tmp_path, task):
-    """Through the real ``lm_eval`` CLI (dummy model: no weights): exit 2, our one-line message, no traceback;
-    for the utility tasks (``lacuna_tasks/harness/utility.py``) as for the others."""
-    rows = read(data_dir, "forget")
-    rows[1]["ID"] = rows[0]["ID"]
-    write(data_dir, "forget", rows)
-    cmd = [
-        str(Path(sys.executable).with_name("lm_eval")), "--model", "dummy",
-        "--tasks", task,
-        "--metadata", json.dumps({"lacuna_data": str(data_dir)}),
-        "--output_path", str(tmp_path / "out"),
-    ]  # fmt: skip
-    env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1")
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
-    assert proc.returncode == 2, proc.stderr[-3000:]
-    expected = (
-        f"lm_eval: error: {data_dir.resolve() / 'forget.jsonl'}: split 'forget' row 1: duplicate ID '{rows[0]['ID']}'"
-    )
-    assert expected in proc.stderr and "Traceback" not in proc.stderr, proc.stderr[-3000:]
-    assert not list((tmp_path / "out").rglob("results_*.json"))

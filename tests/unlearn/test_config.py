@@ -1,23 +1,23 @@
 """The one configuration system (issue 21): dataclass defaults, preset YAMLs, one ``key=value`` grammar, CLI
-defaults and choices derived from their homes, ``lacuna demo`` as ``lacuna run --preset demo``, ``-v``/``-q``."""
+defaults and choices derived from their homes, ``-v``/``-q``. ``lacuna demo`` as ``lacuna run --preset demo`` on the
+smoke testbed: tests/e2e/test_demo_run.py.
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
 import logging
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
+from helpers import HELPERS
 
 from lacuna_unlearn.dataclass_config import config_choices, parse_overrides, preset_names
 
 #: Every preset as the hand-written dicts/dataclasses of the previous release returned it (captured before the
 #: presets became YAML files), updated only where a preset changed on purpose (testbed mini: training-only question
 #: forms and two-pair QA documents, issue 19; CHANGELOG).
-SNAPSHOT = json.loads((Path(__file__).with_name("config_presets_snapshot.json")).read_text())
+SNAPSHOT = json.loads((HELPERS / "config_presets_snapshot.json").read_text())
 
 
 def test_run_presets_equal_the_previous_release():
@@ -145,37 +145,6 @@ def test_verbosity_flags_set_the_log_level(flags, info, debug):
     logger = logging.getLogger("lacuna_unlearn.bench.run")
     assert logger.isEnabledFor(logging.INFO) is info and logger.isEnabledFor(logging.DEBUG) is debug
     main(["tasks", "path"])  # back to the default for the other tests
-
-
-@pytest.mark.slow
-def test_demo_is_an_evaluation_only_run(smoke_testbed, tmp_path):
-    """``lacuna demo`` = ``lacuna run --preset demo``: the before-unlearning evaluation of an existing testbed,
-    no method; stage logs go to stderr (silenced by -q), the report to stdout; a rerun is all cache."""
-    out = tmp_path / "demo"
-    argv = [
-        sys.executable,
-        "-m",
-        "lacuna_unlearn.bench.cli.main",
-        "demo",
-        "--testbed",
-        str(smoke_testbed),
-        "--out",
-        str(out),
-    ]
-    argv += ["--field", "phone", "--set", "eval.tasks=[forget_qa]", "--set", "eval.neutral_ppl=false"]
-    first = subprocess.run(argv, capture_output=True, text=True, timeout=900)
-    assert first.returncode == 0, first.stderr[-3000:]
-    assert "[phone] evaluate before: running" in first.stderr and "before unlearning" in first.stdout
-    results = json.loads((out / "results.json").read_text())
-    assert results["methods"] == {} and results["field"] == "phone"
-    assert results["preset"] == "smoke"  # the given testbed's preset, not the config's default (mini)
-    assert (out / "report.md").read_text().startswith("# lacuna run: smoke testbed")
-    assert results["manifest"]["config"]["attack"]["enabled"] is False
-    assert results["baseline"]["behaviour"]["forget_leak"] is not None
-    quiet = subprocess.run([*argv, "-q"], capture_output=True, text=True, timeout=900)
-    assert quiet.returncode == 0 and "cached" not in quiet.stderr and "before unlearning" in quiet.stdout
-    verbose = subprocess.run([*argv, "-v"], capture_output=True, text=True, timeout=900)
-    assert verbose.returncode == 0 and "[phone] evaluate before: cached" in verbose.stderr
 
 
 def test_testbed_preset_is_read_from_the_testbed_manifest(tmp_path):

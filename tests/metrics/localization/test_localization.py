@@ -596,7 +596,7 @@ def test_planted_zero_delta_gives_one_half(planted_root):
     Every delta-based score is constant (0, or ±0 for signrev/dirreversal) so its AUC is exactly 0.5; qtile and
     crossfield too, since tied |δ| share their average rank (the default). With ``qtile_ties="ordinal"`` (the
     release code's stable argsort) they rank the ties in index order instead, and equal that reference
-    (tests/test_ties.py shows what structured masks make of it)."""
+    (tests/metrics/localization/test_ties.py shows what structured masks make of it)."""
     bench = make_bench(planted_root / "zero", seed=4, shapes=BIG, delta=_planted("zero"))
     labels = {"control_after": "control_before"}
     res = bench.run(LocalizationConfig(composite=False), labels=labels, crossfield=("before", "before", "before"))

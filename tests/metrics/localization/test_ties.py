@@ -7,7 +7,7 @@ tied; ``"ordinal"`` is the release behaviour, kept for comparison with the paper
 
 Every test goes through the public scorer (:func:`lacuna_metrics.score.score_pair`) on tiny Llama-like checkpoints
 written as real safetensors files, with masks whose groups cover whole rows, blocks of rows (heads) or columns
-(neurons). The kernels themselves are tested against scipy's average ranks in tests/test_kernels.py.
+(neurons). The kernels themselves are tested against scipy's average ranks in tests/metrics/test_kernels.py.
 """
 
 from __future__ import annotations

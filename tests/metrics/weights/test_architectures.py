@@ -1,9 +1,9 @@
 """The architecture matrix: tiny random models (built from transformers configs, no downloads) of every decoder-only
 family the issue names, each run through the model anatomy, ``lacuna score`` (FRAG coverage, distances, and
-localization with masks built by ``lacuna_metrics.masks`` for that model) and ``lacuna-unlearn`` (a gradient
-method restricted to the forget mask, and LoRA). One model per architecture is shared by all checks (module-scoped
-fixtures); the CLIs run in-process (``lacuna_unlearn.bench.cli.main.main`` and the Hydra app's ``run``) to keep the matrix
-to a few minutes on two cores. See docs/anatomy.md.
+localization with masks built by ``lacuna_metrics.masks`` for that model), selective pruning and AlphaEdit. One model
+per architecture is shared by all checks (module-scoped fixtures; inputs in tests/helpers/architectures.py); the CLI
+runs in-process (``lacuna_unlearn.bench.cli.main.main``). ``lacuna-unlearn`` (restricted, LoRA) and the task pack on
+the same models: tests/e2e/test_architectures_unlearn_eval.py. See docs/anatomy.md.
 """
 
 from __future__ import annotations
@@ -13,52 +13,41 @@ import json
 import math
 import re
 import shutil
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+from helpers.architectures import (
+    _SPECIAL,
+    ARCHITECTURES,
+    LAYERS,
+    VOCAB,
+    Arch,
+    World,
+    _configs,
+    _unlearn,
+    make_arch,
+    make_world,
+)
 from safetensors.torch import load_file, save_file
 
-from lacuna_metrics.masks import build_masks, component, load_masks, named_shapes_of, save_masks
+from lacuna_metrics.masks import component, load_masks
 from lacuna_metrics.weights.anatomy import PROJECTION_WEIGHT_PATTERN, checkpoint_anatomy, classify_name, model_anatomy
 from lacuna_metrics.weights.checkpoints import Checkpoint
 
-VOCAB = 320
-HIDDEN = 32
-LAYERS = 2
-_SPECIAL: dict[str, int] = {}  # pad/bos/eos ids, filled from the tokenizer
-_LLAMA_LIKE = dict(hidden_size=HIDDEN, intermediate_size=64, num_attention_heads=4, num_key_value_heads=2)
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory) -> World:
+    """A small LACUNA dataset and a byte-level BPE tokenizer trained on it (seconds, no network)."""
+    return make_world(tmp_path_factory.mktemp("architectures"))
 
 
-def _configs() -> dict[str, dict[str, Any]]:
-    common = dict(num_hidden_layers=LAYERS, max_position_embeddings=512)
-    return {
-        "llama": dict(_LLAMA_LIKE, **common),
-        "mistral": dict(_LLAMA_LIKE, **common),
-        "qwen2": dict(_LLAMA_LIKE, **common),
-        "gemma2": dict(_LLAMA_LIKE, head_dim=8, **common),
-        "phi3": dict(_LLAMA_LIKE, **common),
-        "mixtral": dict(_LLAMA_LIKE, num_local_experts=4, num_experts_per_tok=2, **common),
-        "olmo2": dict(_LLAMA_LIKE, **common),
-        "gpt2": dict(n_embd=HIDDEN, n_layer=LAYERS, n_head=4, n_positions=512),
-        "gpt_neox": dict(hidden_size=HIDDEN, intermediate_size=64, num_attention_heads=4, **common),
-        "opt": dict(hidden_size=HIDDEN, ffn_dim=64, num_attention_heads=4, word_embed_proj_dim=HIDDEN, **common),
-        "falcon": dict(hidden_size=HIDDEN, num_attention_heads=4, num_hidden_layers=LAYERS),
-        "bloom": dict(hidden_size=HIDDEN, n_layer=LAYERS, n_head=4),
-        "qwen2_moe": dict(
-            _LLAMA_LIKE,
-            num_experts=4,
-            num_experts_per_tok=2,
-            moe_intermediate_size=16,
-            shared_expert_intermediate_size=32,
-            **common,
-        ),
-    }
+@pytest.fixture(scope="module", params=ARCHITECTURES)
+def arch(request, world) -> Arch:
+    """One tiny random model of the architecture, saved with the tokenizer, and masks built for it."""
+    return make_arch(request.param, world)
 
-
-ARCHITECTURES = list(_configs())
 
 #: Projection weight matrices per block of the loaded model, by component (model_anatomy).
 EXPECTED_MODEL = {
@@ -80,42 +69,6 @@ EXPECTED_MODEL = {
 EXPECTED_TRANSPOSED = {"gpt2": 4}
 
 
-# -- shared inputs ---------------------------------------------------------------------------------------------
-
-
-@dataclass
-class World:
-    root: Path
-    data_dir: Path
-    tokenizer: Any
-    cache: Path
-
-
-@pytest.fixture(scope="module")
-def world(tmp_path_factory) -> World:
-    """A small LACUNA dataset and a byte-level BPE tokenizer trained on it (seconds, no network)."""
-    from lacuna_tasks.prompts import qa_text
-    from lacuna_tasks.synth.generate import build_splits, generate_profiles, write_dataset
-    from lacuna_unlearn.testbed.tokenizer import train_tokenizer
-
-    root = tmp_path_factory.mktemp("architectures")
-    profiles = generate_profiles(24, seed=3)
-    splits = build_splits(profiles, seed=3, people_per_field=4, validation_people=2)
-    data_dir = Path(write_dataset(root / "data", profiles, splits))
-    tokenizer = train_tokenizer([qa_text(r["question"], r["answer"]) for rows in splits.values() for r in rows], VOCAB)
-    _SPECIAL.update(pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.eos_token_id)
-    _SPECIAL.update(eos_token_id=tokenizer.eos_token_id)
-    return World(root, data_dir, tokenizer, root / "activation_cache")
-
-
-@dataclass
-class Arch:
-    name: str
-    model: torch.nn.Module
-    before: Path
-    masks: Path
-
-
 def _noisy_copy(
     src: Path, dest: Path, scale: float, only: dict[str, torch.Tensor] | None = None, seed: int = 0
 ) -> Path:
@@ -133,23 +86,6 @@ def _noisy_copy(
     return dest
 
 
-@pytest.fixture(scope="module", params=ARCHITECTURES)
-def arch(request, world) -> Arch:
-    """One tiny random model of the architecture, saved with the tokenizer, and masks built for it."""
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    name = request.param
-    config = AutoConfig.for_model(name, vocab_size=VOCAB, **_SPECIAL, **_configs()[name])
-    torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(config).eval()
-    before = world.root / name / "before"
-    model.save_pretrained(before)
-    world.tokenizer.save_pretrained(before)
-    masks = build_masks(named_shapes_of(model), LAYERS, num_groups=2, budget=0.01, seed=5, skip_last=0)
-    path = save_masks(masks, world.root / name / "masks.safetensors")
-    return Arch(name, model, before, path)
-
-
 def _score(world: World, arch: Arch, out: Path, after: Path, *args: str) -> dict[str, Any]:
     from lacuna_unlearn.bench.cli.main import main
 
@@ -162,24 +98,6 @@ def _score(world: World, arch: Arch, out: Path, after: Path, *args: str) -> dict
     )  # fmt: skip
     assert code == 0, f"lacuna score exited {code}"
     return json.loads((out / "score.json").read_text())
-
-
-def _unlearn(world: World, arch: Arch, out: Path, *overrides: str) -> Path:
-    from hydra import compose, initialize_config_module
-
-    from lacuna_unlearn.trainer.app import run
-
-    with initialize_config_module(config_module="lacuna_unlearn.configs", version_base="1.3"):
-        cfg = compose(
-            config_name="unlearn",
-            overrides=[
-                f"model={arch.before}", f"data={world.data_dir}", "field=email", f"output_dir={out}",
-                "trainer.args.max_steps=1", "trainer.args.per_device_train_batch_size=2",
-                "trainer.args.gradient_accumulation_steps=1", "trainer.args.learning_rate=1e-3",
-                "trainer.args.max_length=64", *overrides,
-            ],
-        )  # fmt: skip
-    return Path(run(cfg))
 
 
 # -- anatomy -------------------------------------------------------------------------------------------------------
@@ -248,29 +166,6 @@ def test_score_localizes_with_masks_built_for_the_model(world, arch):
     assert result["auc"]["forget"]["raw"] > 0.99  # the planted update touches forget scalars only
     assert {row["component"] for row in result["per_layer"]} <= {"attention", "mlp", "expert"}
     assert result["frag"]["coverage"]["share"] >= 0.9 and result["frag"]["activation_cache_hit"]
-
-
-# -- lacuna-unlearn ------------------------------------------------------------------------------------------------
-
-
-def test_unlearn_restricted_to_the_forget_mask(world, arch):
-    out = _unlearn(
-        world, arch, world.root / arch.name / "restricted", "method=grad_diff", "restrict=forget_mask",
-        f"masks={arch.masks}",
-    )  # fmt: skip
-    masks = load_masks(arch.masks)
-    before, after = load_file(str(arch.before / "model.safetensors")), load_file(str(out / "model.safetensors"))
-    assert sorted(after) == sorted(before)
-    moved = 0
-    for name, b in before.items():
-        a = after[name]
-        if name in masks.packed:
-            inside = masks.forget_mask(name).reshape(b.shape)
-            assert torch.equal(a[~inside], b[~inside]), name  # out-of-mask scalars bit-identical
-            moved += int((a[inside] != b[inside]).sum())
-        else:
-            assert torch.equal(a, b), name
-    assert moved > 0
 
 
 #: Architectures whose MLPs are only fused 3-D expert tensors: Selective Pruning has no neuron to remove there.
@@ -386,39 +281,6 @@ def _logits_with_mlp_inputs(
     finally:
         for handle in handles:
             handle.remove()
-
-
-def test_task_pack_runs(world, arch):
-    """``lacuna_email`` (its nine QA, paraphrase, ICR, worst-case and memorization tasks) through lm-eval's
-    evaluator on the architecture (``lacuna_tasks.harness.evaluate``: ``simple_evaluate`` with the hf model and the tasks
-    the CLI runs; the CLI itself runs per tokenizer family in tests/test_tokenizer_families.py)."""
-    import yaml
-
-    from lacuna_tasks.harness.evaluate import evaluate
-    from lacuna_tasks.harness.register import tasks_dir
-
-    members = yaml.safe_load((tasks_dir() / "lacuna_email.yaml").read_text())["task"]
-    results = evaluate(arch.before, ["lacuna_email"], data=world.data_dir, limit=2, batch_size=4)["results"]
-    assert set(members) <= set(results), sorted(set(members) - set(results))
-    for side in ("forget", "retain"):
-        memorization = results[f"lacuna_email_{side}_memorization"]
-        assert memorization["token_mismatch"] == 0.0
-        assert all(0.0 <= memorization[m] <= 1.0 for m in ("em", "es", "prob")), memorization
-    for task in ("lacuna_email_forget_qa", "lacuna_email_retain_qa"):
-        assert any(isinstance(v, float) and not math.isnan(v) for v in results[task].values()), results[task]
-
-
-def test_unlearn_with_lora(world, arch):
-    out = _unlearn(world, arch, world.root / arch.name / "lora", "method=grad_ascent", "lora.enabled=true", "lora.r=2")
-    before, after = load_file(str(arch.before / "model.safetensors")), load_file(str(out / "model.safetensors"))
-    assert sorted(after) == sorted(before)  # merged: no adapter tensors left
-    changed = {n for n in before if not torch.equal(before[n], after[n])}
-    disk = checkpoint_anatomy(
-        {n: t.shape for n, t in before.items()}, json.loads((arch.before / "config.json").read_text()), arch.name
-    )
-    assert changed and all(n in disk.weights and disk.weights[n].kind == "weight" for n in changed), changed
-    touched = {disk.weights[n].component for n in changed}
-    assert "attention" in touched and (touched & {"mlp", "expert"}), touched
 
 
 # -- fused experts -------------------------------------------------------------------------------------------------

@@ -1,17 +1,17 @@
 """Held-out retain-eval people: the splits, their validation when loaded, the utility documents, and the rows
-``lacuna-unlearn`` trains on for every ``retain_field`` (no retain-eval person may reach a loss)."""
+``lacuna-unlearn`` trains on for every ``retain_field`` (no retain-eval person may reach a loss). Through
+``lacuna-unlearn`` itself: tests/e2e/test_retain_eval_cli.py.
+"""
 
 from __future__ import annotations
 
 import json
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from lacuna_tasks.harness.utility import build_utility_docs, load_utility_docs, utility_task_names
+from lacuna_tasks.harness.utility import build_utility_docs, utility_task_names
 from lacuna_tasks.loader import load_data
 from lacuna_tasks.schema import FIELDS, RETAIN_GROUPS, SPLITS, LacunaDataError, validate_rows
 from lacuna_tasks.synth.generate import build_splits, generate_profiles, write_dataset
@@ -222,40 +222,6 @@ def test_bad_retain_field(data_dir, bad):
         unlearning_rows(load_data(data_dir), field="email", retain_field=bad)
 
 
-def _app(*overrides: str, cwd: Path) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "lacuna_unlearn.trainer.app", *overrides]
-    return subprocess.run(cmd, capture_output=True, text=True, cwd=cwd, check=False, timeout=600)
-
-
-def test_cli_refuses_bad_retain_field_and_held_out_splits(tiny_lacuna, data_dir, tmp_path):
-    common = [f"model={tiny_lacuna.model_dir}", f"data={data_dir}", f"output_dir={tmp_path / 'x'}"]
-    proc = _app("method=grad_diff", "retain_field=emial", *common, cwd=tmp_path)
-    assert proc.returncode == 2
-    assert proc.stderr.strip().splitlines()[-1] == (
-        "lacuna-unlearn: error: retain_field='emial': expected one of same, crossfield, email, phone, birth_city, "
-        "drivers_license"
-    )
-    proc = _app("method=grad_diff", "retain_split=retain_eval", *common, cwd=tmp_path)
-    assert proc.returncode == 2 and "retain_split=retain_eval: a held-out evaluation split" in proc.stderr
-    assert not (tmp_path / "x").exists()
-
-
-def test_cli_crossfield_run_records_its_retain_rows(tiny_lacuna, data_dir, tmp_path):
-    out = tmp_path / "cross"
-    proc = _app(
-        "method=grad_diff", f"model={tiny_lacuna.model_dir}", f"data={data_dir}", "field=email",
-        "retain_field=crossfield", "trainer.args.max_steps=1", f"output_dir={out}", cwd=tmp_path,
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    manifest = json.loads((out / "unlearn_manifest.json").read_text())
-    assert manifest["config"]["retain_field"] == "crossfield"
-    assert manifest["config"]["retain_from"] == [
-        {"split": "retain", "field": "birth_city"},
-        {"split": "retain_paraphrased", "field": "birth_city"},
-    ]
-    assert manifest["data"]["retain"] == 2 * KW["people_per_field"]
-
-
 def test_lacuna_presets_default_to_crossfield():
     from hydra import compose, initialize_config_module
 
@@ -293,15 +259,6 @@ def test_utility_docs(data_dir, splits):
         "lacuna_email_crossfield_qa",
         "lacuna_email_retain_eval_crossfield_qa",
     }
-
-
-def test_utility_docs_without_retain_eval_are_a_marked_placeholder(tiny_lacuna):
-    data = load_data(tiny_lacuna.data_dir)
-    assert build_utility_docs(data, field="email", population="retain_eval", facts="same") is None
-    dd = load_utility_docs("email", "retain_eval", "same", lacuna_data=str(tiny_lacuna.data_dir))
-    description = json.loads(dd["test"].info.description)
-    assert "has no split 'retain_eval'" in description["lacuna_skipped"] and len(dd["test"]) == 1
-    assert build_utility_docs(data, field="email", population="forget", facts="other")  # works on any data
 
 
 def test_task_yamls_exist_for_every_field():

@@ -1,14 +1,8 @@
-"""Outputs publish together: one `lacuna run` per --out, SIGTERM cleans up like Ctrl-C, cache keys carry the
-package version, `build-testbed --force` deletes only testbeds."""
+"""Outputs publish together: one `lacuna run` per --out, cache keys carry the package version, `build-testbed --force`
+deletes only testbeds. SIGTERM on a real build: tests/e2e/test_run_sigterm.py.
+"""
 
 from __future__ import annotations
-
-import os
-import signal
-import subprocess
-import sys
-import time
-from pathlib import Path
 
 import pytest
 
@@ -45,38 +39,6 @@ def test_force_refuses_a_directory_that_is_not_a_testbed(tmp_path, capsys):
     assert "is not a lacuna-bench testbed" in capsys.readouterr().err
     assert (precious / "chapter1.tex").read_text() == "years of work"
     assert not (tmp_path / "thesis.partial").exists()
-
-
-def test_sigterm_removes_partial_outputs(tmp_path):
-    out = tmp_path / "tb"
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "lacuna_unlearn.bench.cli.main",
-            "build-testbed",
-            "--preset",
-            "smoke",
-            "--out",
-            str(out),
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=env,
-    )
-    partial = Path(str(out) + ".partial")
-    deadline = time.time() + 120
-    while not partial.exists() and time.time() < deadline:
-        time.sleep(0.2)
-    assert partial.exists(), "the build never started"
-    time.sleep(1.0)
-    proc.send_signal(signal.SIGTERM)
-    _, err = proc.communicate(timeout=120)
-    assert proc.returncode == 128 + signal.SIGTERM, err
-    assert "Traceback" not in err and "terminated (SIGTERM)" in err
-    assert not partial.exists() and not out.exists()
 
 
 @pytest.mark.parametrize(

@@ -1,15 +1,15 @@
 """FRP (docs/definitions.md#frp, code path ``--scoring rank_combo``): scores and masks against a brute-force loop,
-the retain veto, Conv1D layout, in-place pruning of a tiny Llama, and the end-to-end run with its cache."""
+the retain veto, Conv1D layout, in-place pruning of a tiny Llama. The end-to-end run with its cache:
+tests/e2e/test_frp_run.py.
+"""
 
 from __future__ import annotations
-
-import json
 
 import numpy as np
 import pytest
 import torch
 
-from lacuna_unlearn.methods.frp import FRPConfig, apply_frp, frp_prune_mask, frp_scores, run_frp
+from lacuna_unlearn.methods.frp import FRPConfig, apply_frp, frp_prune_mask, frp_scores
 
 MLP = ("gate_proj", "up_proj", "down_proj")
 
@@ -277,51 +277,3 @@ def test_apply_frp_gpt2_conv1d() -> None:
         expected = frp_prune_mask(before[n].t(), xf[n], xr[n], cfg).t()  # prune in (d_out, d_in) semantics
         assert torch.equal(params[n].detach() == 0, expected | (before[n] == 0))
         assert stats["pruned"][n] == before[n].shape[1] * int(0.25 * before[n].shape[0])
-
-
-# -- end to end ------------------------------------------------------------------------------------------------
-
-
-def test_run_frp_end_to_end(tiny_lacuna, tmp_path) -> None:
-    from safetensors.torch import load_file
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from lacuna_metrics.frag.activations import calibration_texts
-
-    forget = calibration_texts(tiny_lacuna.data_dir, "forget", 16)
-    retain = calibration_texts(tiny_lacuna.data_dir, "retain", 16)
-    cfg = FRPConfig(rho=0.1, calib_samples=8, max_length=64)
-    cache = tmp_path / "cache"
-    out = run_frp(tiny_lacuna.model_dir, forget, retain, tmp_path / "frp", cfg, cache_dir=cache)
-    assert out == tmp_path / "frp" and not (tmp_path / "frp.partial").exists()
-    manifest = json.loads((out / "unlearn_manifest.json").read_text())
-    assert manifest["method"] == "frp"
-    assert manifest["config"]["rho"] == 0.1 and manifest["seed"] == 42
-    assert manifest["calibration"]["forget_texts"] == 8 and manifest["calibration"]["activation_cache_hit"] is False
-    assert manifest["calibration"]["activation_fingerprint"].startswith("sha256:")
-    assert manifest["pruned_total"] == sum(manifest["pruned"].values()) > 0
-    assert all(name.split(".")[-2] in MLP for name in manifest["pruned"])
-    assert "torch" in manifest["versions"] and manifest["wall_seconds"] >= 0
-    assert list(cache.glob("*.safetensors"))
-
-    model = AutoModelForCausalLM.from_pretrained(out, local_files_only=True)
-    AutoTokenizer.from_pretrained(out, local_files_only=True)
-    original = AutoModelForCausalLM.from_pretrained(tiny_lacuna.model_dir, local_files_only=True)
-    new_sd, old_sd = model.state_dict(), original.state_dict()
-    for name, value in new_sd.items():
-        if name in manifest["pruned"]:
-            zeros = int((value == 0).sum()) - int((old_sd[name] == 0).sum())
-            assert zeros == manifest["pruned"][name]
-        else:
-            assert torch.equal(value, old_sd[name]), name
-    assert load_file(str(next(out.glob("*.safetensors"))))  # a real safetensors checkpoint
-
-    out2 = run_frp(tiny_lacuna.model_dir, forget, retain, tmp_path / "frp2", cfg, cache_dir=cache)
-    manifest2 = json.loads((out2 / "unlearn_manifest.json").read_text())
-    assert manifest2["calibration"]["activation_cache_hit"] is True
-    assert manifest2["calibration"]["activation_fingerprint"] == manifest["calibration"]["activation_fingerprint"]
-    assert manifest2["pruned"] == manifest["pruned"]
-    assert len(list(cache.glob("*.safetensors"))) == 1
-
-    with pytest.raises(FileExistsError):
-        run_frp(tiny_lacuna.model_dir, forget, retain, out, cfg, cache_dir=cache)

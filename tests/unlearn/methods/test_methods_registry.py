@@ -6,9 +6,9 @@ from __future__ import annotations
 import subprocess
 import sys
 from dataclasses import asdict
-from pathlib import Path
 
 import pytest
+from helpers import REPO
 
 from lacuna_unlearn.methods.registry import (
     EDITORS,
@@ -21,7 +21,7 @@ from lacuna_unlearn.methods.registry import (
     resolve,
 )
 
-CONFIGS = Path(__file__).parents[1] / "lacuna_unlearn" / "configs"
+CONFIGS = REPO / "lacuna_unlearn" / "configs"
 
 #: ``asdict`` of the method each ``configs/method/*.yaml`` built before the YAMLs were reduced to overrides of the
 #: dataclass defaults (issue 21): (method.name, method.restrict, asdict; editors with the top-level seed 42).
@@ -114,7 +114,7 @@ def test_every_entry_resolves_and_its_defaults_build_it():
 def test_method_interface_has_prepare_and_no_alternate_by_default():
     method = make_method("grad_diff")
     assert method.prepare(object()) is None and method.alternate_answer_ids() is None
-    source = (Path(__file__).parents[1] / "lacuna_unlearn" / "trainer.py").read_text()
+    source = (REPO / "lacuna_unlearn" / "trainer.py").read_text()
     assert 'getattr(method, "prepare"' not in source and "method.prepare(tokenizer)" in source
 
 

@@ -1,4 +1,6 @@
-"""Restricted unlearning (OracleGrad): out-of-mask scalars stay bit-identical under AdamW and HF Trainer."""
+"""Restricted unlearning (OracleGrad): out-of-mask scalars stay bit-identical under AdamW (through the HF Trainer:
+tests/e2e/test_restrict_hf_trainer.py; shared model and masks: tests/helpers/restrict.py).
+"""
 
 from __future__ import annotations
 
@@ -6,8 +8,9 @@ import re
 
 import pytest
 import torch
+from helpers.restrict import DOWN0, LAYERS, VOCAB, assert_restricted, lm_batch, snapshot, tiny_llama, tiny_masks
 
-from lacuna_metrics.masks import MaskSet, build_masks, load_masks, named_shapes_of
+from lacuna_metrics.masks import MaskSet, load_masks, named_shapes_of
 from lacuna_unlearn.trainer.restrict import (
     Restriction,
     RestrictionError,
@@ -19,40 +22,7 @@ from lacuna_unlearn.trainer.restrict import (
     verify_unchanged,
 )
 
-VOCAB, LAYERS = 64, 2
-DOWN0 = "model.layers.0.mlp.down_proj.weight"
 Q1 = "model.layers.1.self_attn.q_proj.weight"
-
-
-def tiny_llama(seed: int = 0, tie: bool = False):
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(seed)
-    config = LlamaConfig(
-        vocab_size=VOCAB,
-        hidden_size=16,
-        intermediate_size=32,
-        num_hidden_layers=LAYERS,
-        num_attention_heads=2,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
-        tie_word_embeddings=tie,
-    )
-    return LlamaForCausalLM(config)
-
-
-def tiny_masks(model) -> MaskSet:
-    return build_masks(named_shapes_of(model), LAYERS, budget=0.08, seed=3, skip_last=0)
-
-
-def snapshot(model) -> dict[str, torch.Tensor]:
-    return {n: p.detach().clone() for n, p in model.named_parameters()}
-
-
-def lm_batch(seed: int, batch: int = 4, length: int = 12) -> dict[str, torch.Tensor]:
-    g = torch.Generator().manual_seed(seed)
-    ids = torch.randint(0, VOCAB, (batch, length), generator=g)
-    return {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": ids.clone()}
 
 
 def train(model, optimizer, steps: int = 4) -> None:
@@ -61,27 +31,6 @@ def train(model, optimizer, steps: int = 4) -> None:
         optimizer.zero_grad()
         model(**lm_batch(step)).loss.backward()
         optimizer.step()
-
-
-def assert_restricted(model, before, resolved, expect_masked: bool = True) -> None:
-    """Out-of-mask scalars bit-identical (checked by hand, independently of verify_unchanged); in-mask moved."""
-    assert verify_unchanged(before, model, resolved) == []
-    masked = 0
-    for name, param in model.named_parameters():
-        after, old = param.detach(), before[name]
-        if name not in resolved:
-            assert torch.equal(after, old), name
-            assert not param.requires_grad, name
-            continue
-        mask = resolved[name]
-        if mask is None:
-            assert not torch.equal(after, old), name
-            continue
-        masked += 1
-        assert torch.equal(after[~mask], old[~mask]), name
-        moved = (after[mask] != old[mask]).float().mean().item()
-        assert moved > 0.9, (name, moved)
-    assert (masked > 0) == expect_masked
 
 
 # --------------------------------------------------------------------------------------------------
@@ -255,53 +204,6 @@ def test_param_groups_split_and_decay_names():
     groups = param_groups(model, resolved, 0.01, decay_parameter_names={DOWN0})
     assert [(len(g["params"]), g["weight_decay"]) for g in groups] == [(len(resolved) - 2, 0.0), (1, 0.01), (1, 0.0)]
     assert groups[1]["params"][0] is model.get_parameter(DOWN0)
-
-
-# --------------------------------------------------------------------------------------------------
-# Training: real HF Trainer
-
-
-class _Batches(torch.utils.data.Dataset):
-    def __len__(self) -> int:
-        return 16
-
-    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
-        return {k: v[0] for k, v in lm_batch(100 + i, batch=1).items()}
-
-
-def test_hf_trainer_with_param_groups_keeps_out_of_mask_scalars(tmp_path):
-    from transformers import Trainer, TrainingArguments
-
-    model = tiny_llama()
-    shapes = named_shapes_of(model)
-    masks = tiny_masks(model)
-    masks.packed[DOWN0] = torch.ones(shapes[DOWN0], dtype=torch.int32)  # one whole, weight-decayed parameter
-    resolved = parse_restriction("forget_mask").resolve(model, masks)
-    handle = apply_restriction(model, resolved)
-    args = TrainingArguments(
-        output_dir=str(tmp_path),
-        use_cpu=True,
-        max_steps=3,
-        per_device_train_batch_size=2,
-        learning_rate=1e-2,
-        weight_decay=0.01,
-        report_to=[],
-        save_strategy="no",
-        logging_steps=100,
-        disable_tqdm=True,
-        remove_unused_columns=False,
-        dataloader_num_workers=0,
-    )
-    groups = param_groups(model, resolved, args.weight_decay)
-    assert {g["weight_decay"] for g in groups} == {0.0, 0.01}
-    optimizer = torch.optim.AdamW(groups, lr=args.learning_rate)
-    check_optimizer(optimizer, model, resolved)
-    before = snapshot(model)
-    trainer = Trainer(model=model, args=args, train_dataset=_Batches(), optimizers=(optimizer, None))
-    trainer.train()
-    assert trainer.state.global_step == 3
-    assert_restricted(model, before, resolved)  # DOWN0 (whole, decayed) moved; masked ones only in-mask
-    handle.remove()
 
 
 # --------------------------------------------------------------------------------------------------

@@ -7,7 +7,8 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
-from gate_cli import gate
+from helpers import REPO
+from helpers.gate_cli import gate
 
 from lacuna_unlearn.bench.gate.command import (
     FAIL,
@@ -21,8 +22,6 @@ from lacuna_unlearn.bench.gate.command import (
     parse_check,
     write_junit,
 )
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def method(leak: float, retain: float, auc: float, *, success: float = 0.1, frag: float = 0.3) -> dict:
@@ -327,7 +326,7 @@ def test_lm_eval_dir_with_score(tmp_path, capsys):
     out = lm_eval_dir(tmp_path)
     score = score_json(tmp_path, auc=0.85)
     # a schema-1 score.json of a checkpoint that is not here: unverifiable, gated only on request
-    # (the pairing rules themselves: tests/test_gate_checkpoints.py)
+    # (the pairing rules themselves: tests/e2e/test_gate_checkpoints_cli.py)
     args = ["--max-leak", "0.1", "--min-retain", "0.8", "--max-jw", "0.1", "--max-success", "0.2", "--allow-unverified"]
     assert gate(out, "--score", score, *args, "--min-auc", "0.85", "--max-frag", "0.25") == 0
     captured = capsys.readouterr()
@@ -387,7 +386,7 @@ def test_mixed_inputs_with_one_score_each(tmp_path):
     other = tmp_path / "other"
     second = lm_eval_dir(other, lm_eval_results(leak=0.0))
     good, bad = score_json(tmp_path / "a", auc=0.9), score_json(tmp_path / "b", auc=0.5)
-    unverified = "--allow-unverified"  # fake checkpoints: see tests/test_gate_checkpoints.py for the pairing
+    unverified = "--allow-unverified"  # fake checkpoints: see tests/e2e/test_gate_checkpoints_cli.py for the pairing
     assert gate(out, second, "--score", good, "--score", bad, "--min-auc", "0.8", unverified) == 1
     assert gate(out, second, "--score", good, "--min-auc", "0.8", unverified) == 0
     assert gate(out, second, "--score", good, "--score", bad, "--score", good, "--min-auc", "0.8", unverified) == 2
@@ -436,7 +435,7 @@ def test_threshold_display_never_hides_a_difference(capsys, tmp_path):
 
 def test_workflow_yaml_parses_and_gates():
     yaml = pytest.importorskip("yaml")
-    text = (ROOT / "docs" / "lacuna-gate.yml").read_text()
+    text = (REPO / "docs" / "lacuna-gate.yml").read_text()
     workflow = yaml.safe_load(text)
     assert isinstance(workflow, dict) and "jobs" in workflow
     steps = [s for job in workflow["jobs"].values() for s in job["steps"]]
@@ -447,7 +446,7 @@ def test_workflow_yaml_parses_and_gates():
 
 
 def test_ci_doc_mentions_the_commands():
-    text = (ROOT / "docs" / "ci.md").read_text()
+    text = (REPO / "docs" / "ci.md").read_text()
     for needle in ("lacuna gate out/", "--junit", "--method oracle_grad", "--allow-missing", "--check"):
         assert needle in text
 
