@@ -46,7 +46,7 @@ def main() -> None:
     args = parser.parse_args()
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the tests' tiny memorizing LM
-    from tiny_lm import build_demo
+    from helpers.tiny_lm import build_demo
 
     work = Path(args.out or tempfile.mkdtemp(prefix="bench_lm_eval_"))
     env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1")

@@ -1,5 +1,10 @@
 """Session fixtures: a small LACUNA dataset, a locally trained tokenizer and a tiny causal LM that
-has memorized some forget facts (so leaks are real, not mocked). No network anywhere."""
+has memorized some forget facts (so leaks are real, not mocked). No network anywhere.
+
+Every test under ``tests/e2e/`` is marked ``e2e`` here: the unit phase is ``-m "not e2e"``, the end-to-end phase
+``-m e2e`` (``scripts/test.sh``). A test that builds a testbed (``smoke_testbed``), trains through the trainer,
+the HF Trainer or lm_eval, spawns a CLI, or needs ``tiny_lacuna`` (it trains a tiny LM, ~25 s of CPU) belongs there.
+"""
 
 from __future__ import annotations
 
@@ -14,7 +19,15 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+E2E_DIR = Path(__file__).resolve().parent / "e2e"
 MEMORIZED_FORGET_PEOPLE = 2  # forget people (sorted by ID) whose email QA the tiny model learns
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    """Mark every test collected under tests/e2e/ with ``pytest.mark.e2e``."""
+    for item in items:
+        if Path(item.path).resolve().is_relative_to(E2E_DIR):
+            item.add_marker(pytest.mark.e2e)
 
 
 @dataclass
@@ -27,7 +40,7 @@ class TinyLacuna:
 
 @pytest.fixture(scope="session")
 def tiny_lacuna(tmp_path_factory) -> TinyLacuna:
-    from tiny_lm import train_memorizing_lm
+    from helpers.tiny_lm import train_memorizing_lm
 
     from lacuna_tasks.prompts import PARAPHRASES, qa_prompt, qa_text, stable_rng
     from lacuna_tasks.synth.generate import bio_texts, build_splits, generate_profiles, write_dataset
