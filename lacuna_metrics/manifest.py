@@ -172,7 +172,8 @@ def exclusive_writer(
 
     The lock file is ``lock``, by default ``.NAME.lock`` beside ``out``, so that ``out`` itself may be replaced by
     a rename. In a distributed launch only the main process (``RANK`` unset or 0) takes it. An flock: released by
-    the kernel when the holder dies, so a killed writer never leaves a stale lock."""
+    the kernel when the holder dies, so a killed writer never leaves a stale lock; a finished one removes its lock
+    file (a writer that opened it just before sees the file replaced and refuses, so two never hold it)."""
     if os.environ.get("RANK", "0") != "0":
         yield
         return
@@ -182,7 +183,10 @@ def exclusive_writer(
     with open(path, "a+") as handle:
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            current = os.stat(path).st_ino if path.exists() else None
         except BlockingIOError:
+            current = -1
+        if current != os.fstat(handle.fileno()).st_ino:  # held, or released and removed since we opened it
             handle.seek(0)
             pid, _, who = (handle.read().strip() or "unknown").partition(" ")
             raise FileExistsError(
@@ -195,4 +199,5 @@ def exclusive_writer(
         try:
             yield
         finally:
+            path.unlink(missing_ok=True)  # removed while held: a writer that opened it before sees the inode change
             fcntl.flock(handle, fcntl.LOCK_UN)

@@ -282,8 +282,13 @@ AUC_SETTINGS = ("qtile_ties", "composite", "composite_samples", "bins_bits", "ex
 
 
 def auc_settings(config: LocalizationConfig) -> dict[str, Any]:
-    """The :data:`AUC_SETTINGS` of ``config``, as an audit records them."""
-    return {name: getattr(config, name) for name in AUC_SETTINGS}
+    """The :data:`AUC_SETTINGS` of ``config``, as an audit records them. A composite that is off (``composite``
+    false or no samples) is recorded as off whatever its sample size, since no AUC depends on it then."""
+    out = {name: getattr(config, name) for name in AUC_SETTINGS}
+    out["composite"] = bool(config.composite and config.composite_samples > 0)
+    if not out["composite"]:
+        out["composite_samples"] = 0
+    return out
 
 
 def audit_mismatch(

@@ -13,6 +13,12 @@ from lacuna_tasks import logs
 from lacuna_tasks.logs import LineProgress, progress
 
 
+@pytest.fixture(autouse=True)
+def _not_quiet(monkeypatch):
+    """No earlier test's ``--quiet`` (a process-wide setting) leaks into these."""
+    monkeypatch.setattr(logs, "_bars_enabled", None)
+
+
 class _Terminal(io.StringIO):
     def isatty(self) -> bool:
         return True

@@ -71,8 +71,11 @@ def test_override_grammar_is_hydras_and_reads_json():
 def test_overrides_and_files_are_typed_strictly():
     from lacuna_unlearn.bench.run_config import load_run_config
 
-    cfg = load_run_config(preset="smoke", overrides=parse_overrides(["regime.tau_rev=1", "methods.rmu=['a=1']"]))
-    assert cfg["regime"]["tau_rev"] == 1.0 and isinstance(cfg["regime"]["tau_rev"], float)
+    cfg = load_run_config(
+        preset="smoke", overrides=parse_overrides(["reversibility.learning_rate=1", "methods.rmu=['a=1']"])
+    )
+    rate = cfg["reversibility"]["learning_rate"]
+    assert rate == 1.0 and isinstance(rate, float)  # an integer literal for a float setting is a float
     assert cfg["methods"]["rmu"] == ["a=1"] and len(cfg["methods"]) == 9  # one entry set, the rest kept
     cfg = load_run_config(preset="smoke", overrides={"methods": {"grad_diff": []}, "fields": "all"})
     assert cfg["methods"] == {"grad_diff": []} and len(cfg["fields"]) == 4  # a map replaces the whole map

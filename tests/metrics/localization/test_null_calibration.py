@@ -153,6 +153,9 @@ def test_a_recorded_audit_stands_only_for_a_score_with_the_same_inputs_and_auc_s
     }
     for name, kwargs in cases.items():
         assert audit_mismatch(kwargs.pop("recorded"), **kwargs) is not None, name
+    off = {"null": {"gaussian": {}}, "settings": auc_settings(LocalizationConfig(composite_samples=0))}
+    same_off = LocalizationConfig(composite=False)  # no composite either way: its sample size changes no AUC
+    assert audit_mismatch(off, config=same_off, same_inputs=True, extra_runs=False) is None
 
 
 def test_a_score_without_plots_removes_an_earlier_scores_figures(tmp_path):

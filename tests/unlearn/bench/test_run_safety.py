@@ -49,7 +49,7 @@ def test_force_refuses_a_directory_that_is_not_a_testbed(tmp_path, capsys):
         ({"attack.attempts": "abc"}, r"--set attack.attempts: expected an integer, got 'abc'"),
         ({"attack.attempts": 0}, r"attack.attempts must be in \[1, 1000000\]"),
         ({"score.frag": "yes"}, r"--set score.frag: expected true or false"),
-        ({"regime.tau_rev": 2}, r"regime.tau_rev must be in \[0.0, 1.0\]"),
+        ({"regime.tau_rev": 2}, r"regime.tau_rev must be in \(0.0, 1.0\)"),
         ({"fields": ["emial"]}, r"fields must be .all. or a non-empty list"),
         ({"attack.protocol": "relern"}, r"attack.protocol 'relern' is not one of"),
         ({"methods.grad_diff": ["oops"]}, r"methods.grad_diff must be a list of key=value overrides"),
