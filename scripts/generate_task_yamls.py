@@ -4,7 +4,7 @@ The four target fields have the same 16 task files that differ only in the field
 that lists the field groups. Editing 64 near-identical files by hand let them drift apart; this script writes them
 from one template, once per field of ``lacuna_tasks.schema.FIELDS`` (in its order), each under a header that says it
 is generated (docs/tasks.md). The shared ``_*_template.yaml`` files and ``lacuna_neutral_ppl.yaml`` are written by
-hand. Output is deterministic (same template and fields, same bytes), so ``tests/test_task_yamls.py`` can check that
+hand. Output is deterministic (same template and fields, same bytes), so ``tests/tasks/test_task_yamls.py`` can check that
 ``task_yamls/`` is current.
 
     python scripts/generate_task_yamls.py            # rewrite task_yamls/
