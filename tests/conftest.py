@@ -9,6 +9,7 @@ the HF Trainer or lm_eval, spawns a CLI, or needs ``tiny_lacuna`` (it trains a t
 from __future__ import annotations
 
 import os
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,16 +19,21 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# caches (activation statistics, file fingerprints) of this test session only: never the user's ~/.cache
+os.environ.setdefault("LACUNA_CACHE", tempfile.mkdtemp(prefix="lacuna-test-cache-"))
 
 E2E_DIR = Path(__file__).resolve().parent / "e2e"
 MEMORIZED_FORGET_PEOPLE = 2  # forget people (sorted by ID) whose email QA the tiny model learns
 
 
 def pytest_collection_modifyitems(config, items) -> None:
-    """Mark every test collected under tests/e2e/ with ``pytest.mark.e2e``."""
+    """Mark every test collected under tests/e2e/ with ``pytest.mark.e2e``, and put every test of the smoke
+    testbed in one xdist group: with ``-n N --dist loadgroup`` one worker builds the testbed (minutes), not N."""
     for item in items:
         if Path(item.path).resolve().is_relative_to(E2E_DIR):
             item.add_marker(pytest.mark.e2e)
+        if "smoke_testbed" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.xdist_group("smoke_testbed"))
 
 
 @dataclass
