@@ -167,7 +167,8 @@ class LineProgress:
         line = f"{self.desc}: {count}, {_duration(elapsed)} elapsed"
         if not self._printed and not done:  # the first line says how many threads the work runs on
             torch = sys.modules.get("torch")
-            line += f" on {torch.get_num_threads()} threads" if torch is not None else ""
+            threads = torch.get_num_threads() if torch is not None else None
+            line += f" on {threads} thread{'' if threads == 1 else 's'}" if threads else ""
         if done:
             line += ", done"
         elif self.total and self.n:
