@@ -168,7 +168,8 @@ def test_run_writes_schema_report_and_plots_then_caches(smoke_testbed, tmp_path)
     junit = tmp_path / "gate.xml"
     assert main(["gate", results_file, "--method", "oracle_grad", "--min-auc", "0.85", "--junit", str(junit)]) == 0
     assert junit.is_file()
-    assert main(["gate", results_file, "--min-auc", "1.01"]) == 1
+    assert main(["gate", results_file, "--min-auc", "1.01"]) == 2  # no AUC can meet it: refused, not failed
+    assert main(["gate", results_file, "--method", "grad_diff", "--min-auc", "0.99"]) == 1  # not localized
     assert main(["gate", results_file, "--method", "nope", "--min-auc", "0.5"]) == 2
 
     logs.clear()
