@@ -3,7 +3,7 @@
 Why: the localization walk touches every scalar of the universe several times (categories, group
 statistics, one histogram update per score, a within-tensor sort for ``qtile``). Written as torch/numpy
 array operations each step is a separate pass over memory with int64 temporaries; fused here they cost a
-few nanoseconds per scalar. Every kernel has a plain-numpy definition it must match (``tests/test_kernels.py``),
+few nanoseconds per scalar. Every kernel has a plain-numpy definition it must match (``tests/metrics/test_kernels.py``),
 and releases the GIL so block reading (another thread) overlaps with it.
 
 Keys: a float32 score maps to the int32 ``key`` that orders like the float (−0 and +0 equal), exactly as

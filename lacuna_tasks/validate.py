@@ -2,7 +2,7 @@
 
 :func:`lacuna_tasks.schema.validate_rows` checks each QA row on its own. This module checks what the
 rows say about each other: the relations :func:`lacuna_tasks.synth.splits.build_splits` creates and the
-released LACUNA datasets follow (the split invariants are also pinned by ``tests/test_generate.py``):
+released LACUNA datasets follow (the split invariants are also pinned by ``tests/tasks/synth/test_generate.py``):
 
 * keys: ``profiles`` has one row per ``Unique ID``; ``forget``, ``retain``, ``forget_paraphrased``,
   ``retain_paraphrased``, ``retain_eval``, ``retain_eval_paraphrased`` and ``validation`` have one row

@@ -62,7 +62,7 @@ class LmEvalEncoding:
     * ``encode_prompt`` is ``HFLM.tok_batch_encode`` for one ``generate_until`` context (no whitespace moved);
     * ``generated_text`` is what ``HFLM.generate_until`` returns for some generated token ids.
 
-    ``tests/test_tokenizer_families.py`` checks this mirror against a real ``HFLM``.
+    ``tests/tasks/harness/test_tokenizer_families.py`` checks this mirror against a real ``HFLM``.
     """
 
     def __init__(self, tokenizer: Any, *, add_bos_token: bool | None = None, prefix_token_id: int | None = None):

@@ -1,7 +1,7 @@
 """Up-front checks of the ``lacuna`` command: argument types and the paths, outputs and numbers each command
 checks before it imports torch or reads a weight.
 
-A typo fails in well under a second with one line naming the culprit (``tests/test_bad_input_cli.py``).
+A typo fails in well under a second with one line naming the culprit (``tests/unlearn/bench/cli/test_bad_input_cli.py``).
 """
 
 from __future__ import annotations
