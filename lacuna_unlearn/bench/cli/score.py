@@ -166,7 +166,7 @@ def run(args: argparse.Namespace) -> int:
     coverage = (result.get("frag") or {}).get("coverage") or {}
     if coverage.get("warning"):
         print(f"warning: {coverage['warning']}")
-    if update_warning(result):
-        print(f"lacuna: warning: {update_warning(result)}", file=sys.stderr)
+    if warning := update_warning(result):
+        print(f"lacuna: warning: {warning}", file=sys.stderr)
     print(f"wrote {written / 'score.json'} and {written / 'score.md'}" + (" and plots/" if args.plots else ""))
     return 0
