@@ -12,7 +12,9 @@ __all__ = ["SCHEMAS", "read_schema", "schema_stamp"]
 #: Artifact kind -> (schema name, newest version this package writes and reads).
 SCHEMAS: dict[str, tuple[str, int]] = {
     "run": ("lacuna-bench/run", 1),  # lacuna run's results.json
-    "score": ("lacuna-bench/score", 2),  # lacuna score's score.json (2: fingerprints cover every weight byte)
+    # lacuna score's score.json (2: fingerprints cover every weight byte; 3: null calibration at the update's own
+    # scale, with draws and spread: null_calibration.targets.*.families.*.{null_sd, z, sample_auc})
+    "score": ("lacuna-bench/score", 3),
     "gate": ("lacuna-bench/gate", 1),  # lacuna gate --json
     "attack": ("lacuna-bench/attack", 3),  # 3: Success@N under a named judge (default lacuna)
     "diagnose": ("lacuna-bench/diagnose", 1),

@@ -9,16 +9,24 @@ localization AUCs against the ground-truth masks (:mod:`lacuna_metrics.localizat
 
 from __future__ import annotations
 
-import json
 import logging
+import math
 import os
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from lacuna_metrics.localization.null_calibration import (
+    DEFAULT_DRAWS,
+    DEFAULT_MIN_LIFT,
+    DEFAULT_NULL_SAMPLES,
+    DEFAULT_TOLERANCE,
+    DEFAULT_Z,
+    calibrate_sample,
+)
 from lacuna_metrics.localization.precision import Localization, LocalizationConfig
 from lacuna_metrics.manifest import build_manifest
 from lacuna_metrics.masks import MaskError, MaskReader
@@ -81,7 +89,11 @@ def score_pair(
     cache_dir: PathLike | None = None,
     config: LocalizationConfig | None = None,
     null: bool = True,
-    null_tolerance: float = 0.05,
+    null_tolerance: float = DEFAULT_TOLERANCE,
+    null_z: float = DEFAULT_Z,
+    null_min_lift: float = DEFAULT_MIN_LIFT,
+    null_draws: int = DEFAULT_DRAWS,
+    null_samples: int = DEFAULT_NULL_SAMPLES,
     progress: bool = True,
     allow_mask_mismatch: bool = False,
     warn: Callable[[str], None] | None = None,
@@ -104,8 +116,8 @@ def score_pair(
     scored with a warning (``warn``, default: this module's logger). ``manifest.masks_model`` says which.
     """
     started = time.time()
-    if null and not 0.0 < float(null_tolerance) < 0.5:
-        raise ValueError(f"--null-tolerance must be in (0, 0.5), got {null_tolerance}")
+    if null:
+        _check_null_settings(null_tolerance, null_z, null_min_lift, null_draws, null_samples)
     defaults: dict[str, Path | None] = {}
     if testbed is not None:
         defaults = _testbed_defaults(Path(testbed))
@@ -218,6 +230,7 @@ def score_pair(
                 crossfield=[ckpts[k] for k in ckpts if k.startswith("crossfield")],
                 config=config,
                 walk=walk,
+                null_samples=null_samples if null else 0,
             )
             loc = localization.run()
             timings: dict[str, float] | None = localization.timings
@@ -234,7 +247,20 @@ def score_pair(
         masks_model = _masks_model(mask_reader, inputs["before"], allow_mask_mismatch, warn)
     null_section = None
     if loc is not None and null:
-        null_section = _null_calibration(loc["auc"], ckpts, Path(masks), testbed, config, null_tolerance)
+        null_section = calibrate_sample(
+            loc["auc"],
+            localization.null_sample(),
+            families=[s for s in localization.scores if s != "crossfield"],
+            composite=localization.composite_features(),
+            draws=null_draws,
+            seed=config.seed,
+            tolerance=null_tolerance,
+            z=null_z,
+            min_lift=null_min_lift,
+            threads=config.threads,
+            ties=config.qtile_ties,
+            folds=config.composite_folds,
+        )
     if frag_acc is not None:
         frag_section = frag_acc.result()
         assert stats is not None
@@ -322,75 +348,18 @@ def _calibration_record(
     return out
 
 
-def _null_calibration(
-    auc: Mapping[str, Any],
-    ckpts: Mapping[str, Checkpoint],
-    masks: Path,
-    testbed: PathLike | None,
-    config: LocalizationConfig,
-    tolerance: float,
-) -> dict[str, Any]:
-    """The null-calibrated AUCs (lacuna_metrics.localization.null_calibration) of this score. The null updates' AUCs come from
-    the testbed's leak audit when it scored the same ``before`` and masks (recorded in its manifest), else they are
-    computed here: each null update (seeded, docs/scoring.md "Null calibration") through the same scorer."""
-    from lacuna_metrics.localization.leak_audit import (
-        NULL_KINDS,
-        audit_mismatch,
-        recorded_nulls_apply,
-        score_null_updates,
-        stored_as,
-    )
-    from lacuna_metrics.localization.null_calibration import DEFAULT_NULL_SCALES, calibrate
-
+def _check_null_settings(tolerance: float, z: float, min_lift: float, draws: int, samples: int) -> None:
+    """Refuse a null calibration that could not calibrate (before any work)."""
     if not 0.0 < float(tolerance) < 0.5:
-        raise ValueError(f"null-AUC tolerance must be in (0, 0.5), got {tolerance!r}")
-    control = (ckpts["control_before"], ckpts["control_after"]) if "control_before" in ckpts else None
-    crossfield = [ckpts[k] for k in ckpts if k.startswith("crossfield")]
-    audit, why_not = None, "no testbed"
-    if testbed is not None:
-        manifest = Path(testbed) / "manifest.json"
-        recorded = (json.loads(manifest.read_text()).get("leak_audit") or {}) if manifest.is_file() else {}
-        # the audit scored the testbed's own model/, masks and base/: reuse it when this score reads those too (paths
-        # are compared inside the testbed, so a moved or cached testbed still matches), with the same AUC settings
-        # and nothing else, and its null updates were rounded as ones stored like --after are
-        base = ckpts.get("base")
-        recorded_base = (Path(testbed) / "base") if (recorded.get("inputs") or {}).get("base") else None
-        same_inputs = (
-            masks.resolve() == (Path(testbed) / "masks.safetensors").resolve()
-            and ckpts["before"].path.resolve() == (Path(testbed) / "model").resolve()
-            and (base.path.resolve() if base is not None else None)
-            == (recorded_base.resolve() if recorded_base is not None else None)
-        )
-        why_not = audit_mismatch(
-            recorded, config=config, same_inputs=same_inputs, extra_runs=control is not None or bool(crossfield)
-        )
-        if why_not is None and not recorded_nulls_apply(recorded.get("null_updates"), ckpts["before"], ckpts["after"]):
-            why_not = "its null updates were not rounded as ones stored like --after"
-        if why_not is None:
-            audit = {"null": recorded["null"], "null_updates": recorded.get("null_updates"), "source": str(manifest)}
-    if audit is None:
-        null, _first = score_null_updates(
-            ckpts["before"],
-            masks,
-            base=ckpts.get("base"),
-            config=config,
-            scales=DEFAULT_NULL_SCALES,
-            stored_like=ckpts["after"],
-            control=control,
-            crossfield=crossfield,
-        )
-        dtypes = stored_as(ckpts["after"])
-        audit = {
-            "null": null,
-            "null_updates": {
-                k: {"seed": config.seed, "scale": DEFAULT_NULL_SCALES[k], "stored_as": dtypes} for k in NULL_KINDS
-            },
-            "source": "computed",
-            "recorded_audit_not_used": why_not,
-        }
-    out = calibrate(auc, audit["null"], tolerance=tolerance)
-    out.update({k: audit[k] for k in ("source", "null_updates", "null", "recorded_audit_not_used") if k in audit})
-    return out
+        raise ValueError(f"--null-tolerance must be in (0, 0.5), got {tolerance}")
+    if not (math.isfinite(float(z)) and float(z) >= 0):
+        raise ValueError(f"--null-z must be a finite number >= 0, got {z}")
+    if not 0.0 <= float(min_lift) < 0.5:
+        raise ValueError(f"--null-min-lift must be in [0, 0.5), got {min_lift}")
+    if int(draws) < 2:
+        raise ValueError(f"--null-draws must be at least 2 (the null's spread needs two draws), got {draws}")
+    if int(samples) < 1000:
+        raise ValueError(f"--null-samples must be at least 1000, got {samples}")
 
 
 def _masks_model(

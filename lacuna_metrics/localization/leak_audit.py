@@ -14,8 +14,9 @@ gets on the same testbed. This module scores such detectors through the same sco
 
 A testbed whose null detectors reach a high AUC rewards any update whose magnitude or direction correlates
 with the injection, whatever it erased (docs/testbeds.md, "Leak audit"). :func:`audit_testbed` is the
-testbed builder's gate; :func:`leak_audit` takes the checkpoints themselves (``lacuna score`` can reuse the
-null updates, or score them with the same :func:`score_null_updates`).
+testbed builder's gate; :func:`leak_audit` takes the checkpoints themselves. These fixed-size null updates
+describe the testbed; ``lacuna score`` calibrates each update against nulls at its own scale instead
+(:mod:`lacuna_metrics.localization.null_calibration`).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from typing import Any
 import torch
 
 from lacuna_metrics.localization.auc import TARGETS
+from lacuna_metrics.localization.nulls import ROUNDED_DTYPES
 from lacuna_metrics.localization.precision import BASELINES, Localization, LocalizationConfig
 from lacuna_metrics.masks import MaskReader
 from lacuna_metrics.weights.checkpoints import Checkpoint, Scratch
@@ -42,11 +44,9 @@ __all__ = [
     "ROUNDED_DTYPES",
     "LeakAuditError",
     "NullUpdate",
-    "audit_mismatch",
     "audit_testbed",
     "auc_settings",
     "leak_audit",
-    "recorded_nulls_apply",
     "rounding_of",
     "score_null_updates",
     "stored_as",
@@ -54,8 +54,6 @@ __all__ = [
 
 #: The null updates, in report order.
 NULL_KINDS: tuple[str, ...] = ("gaussian", "adam_sign")
-#: Stored dtypes a null update is rounded to (:class:`NullUpdate`): narrower than the scorer's float32.
-ROUNDED_DTYPES: tuple[torch.dtype, ...] = (torch.bfloat16, torch.float16)
 #: Noise is drawn per chunk of about this many scalars (whole rows), so a block's noise does not depend on
 #: how the scorer cuts tensors into blocks.
 CHUNK_SCALARS = 1 << 16
@@ -276,8 +274,8 @@ def score_null_updates(
     return null, first
 
 
-#: The scorer settings that change an AUC (ties, the composite's sample, histogram resolution): a recorded audit
-#: stands for a score's null updates only where they are equal.
+#: The scorer settings that change an AUC (ties, the composite's sample, histogram resolution), recorded with an
+#: audit so its figures can be compared with a score's.
 AUC_SETTINGS = ("qtile_ties", "composite", "composite_samples", "bins_bits", "exact_limit")
 
 
@@ -291,23 +289,6 @@ def auc_settings(config: LocalizationConfig) -> dict[str, Any]:
     return out
 
 
-def audit_mismatch(
-    recorded: Mapping[str, Any], *, config: LocalizationConfig, same_inputs: bool, extra_runs: bool
-) -> str | None:
-    """Why a testbed's recorded audit does not stand for this score's null updates (None: it does): it must have
-    scored the same before, masks and base (``same_inputs``, compared by the caller) with the same AUC settings,
-    and the score must read no control or per-field runs, which the audit never had."""
-    if extra_runs:
-        return "the score reads control or per-field runs, which the audit did not"
-    if not recorded.get("null"):
-        return "the audit recorded no null AUCs"
-    if not same_inputs:
-        return "the audit scored another before, masks or base"
-    if recorded.get("settings") != auc_settings(config):
-        return f"its AUC settings {recorded.get('settings')} differ from this score's {auc_settings(config)}"
-    return None
-
-
 def stored_as(ckpt: Checkpoint) -> list[str]:
     """The floating dtypes ``ckpt`` stores its tensors in (``["bfloat16"]``): null updates stored like it are
     rounded to them (:data:`ROUNDED_DTYPES`); recorded beside their AUCs."""
@@ -319,18 +300,6 @@ def rounding_of(ckpt: Checkpoint, name: str) -> torch.dtype | None:
     """The dtype a null update stored like ``ckpt`` is rounded to in tensor ``name`` (None: not rounded)."""
     dtype = ckpt.info(name).dtype
     return dtype if dtype in ROUNDED_DTYPES else None
-
-
-def recorded_nulls_apply(null_updates: Mapping[str, Any] | None, before: Checkpoint, after: Checkpoint) -> bool:
-    """Whether an audit's recorded null AUCs (null updates stored like ``before``, described by ``null_updates``)
-    stand for null updates stored like ``after``: rounded alike tensor by tensor, and, for an audit recorded
-    before null updates were rounded (no ``stored_as``: it rounded nothing), only where nothing needs rounding."""
-    names = [n for n in before.names if not before.is_alias(n)]
-    if any(rounding_of(before, n) != rounding_of(after, n) for n in names):
-        return False
-    entries = list((null_updates or {}).values())
-    rounded = bool(entries) and all("stored_as" in (e or {}) for e in entries)
-    return rounded or all(rounding_of(before, n) is None for n in names)
 
 
 def audit_testbed(testbed: PathLike, **kwargs: Any) -> dict[str, Any]:

@@ -61,6 +61,7 @@ from lacuna_metrics.localization.group_stats import (
     score_buffered,
 )
 from lacuna_metrics.localization.json_section import per_layer_rows, score_tables, universe_record
+from lacuna_metrics.localization.nulls import ROUNDED_DTYPES, NullSample, NullSampler
 from lacuna_metrics.localization.sinks import ScoreSinks
 from lacuna_metrics.localization.universe import Universe
 from lacuna_metrics.masks import MaskError, MaskReader
@@ -145,6 +146,7 @@ class Localization:
         crossfield: Sequence[Checkpoint] = (),
         config: LocalizationConfig | None = None,
         walk: PairWalk | None = None,
+        null_samples: int = 0,
     ) -> None:
         self.config = cfg = config or LocalizationConfig()
         self.before, self.after, self.masks, self.base, self.control = before, after, masks, base, control
@@ -187,6 +189,19 @@ class Localization:
         self._sample_fraction = min(1.0, cfg.composite_samples / max(1, total))
         for acc in self._sinks.acc.values():
             acc.expect(total)
+        self._null_sampler = (
+            NullSampler(
+                [n for n in before.names if n in self._members],  # file order: the draws' order
+                {n: self.masks.numel(n) for n in self._members},
+                samples=null_samples,
+                seed=cfg.seed,
+                rounding={n: d if (d := after.info(n).dtype) in ROUNDED_DTYPES else None for n in self._members},
+                base=base is not None,
+                control=control is not None,
+            )
+            if null_samples
+            else None
+        )
 
     # -- the walk -----------------------------------------------------------------------------------
 
@@ -361,6 +376,10 @@ class Localization:
             state.full["contrast"][lo:hi] = scores["contrast"]
         for i in range(len(self.crossfield)):
             state.full[f"crossfield{i}"][lo:hi] = (b[f"crossfield{i}"].reshape(-1) - o).abs()
+        if self._null_sampler is not None:
+            self._null_sampler.take(
+                blk.name, lo, hi, o, u, cat, base=b["base"].reshape(-1) if "base" in b else None, control=control
+            )
         sample = state.sample
         if feature_names and sample.size:
             picked = sample[np.searchsorted(sample, lo) : np.searchsorted(sample, hi)] - lo  # sample is sorted
@@ -406,6 +425,10 @@ class Localization:
         return [f for f in COMPOSITE_FEATURES if self._available.get(FAMILIES[f].needs or "", True)]
 
     # -- results ------------------------------------------------------------------------------------
+
+    def null_sample(self) -> NullSample | None:
+        """The seeded sample collected for the null calibration (``null_samples`` > 0), after :meth:`run`."""
+        return self._null_sampler.result() if self._null_sampler is not None else None
 
     def _results(self) -> dict[str, Any]:
         cfg = self.config

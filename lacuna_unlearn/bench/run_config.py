@@ -76,7 +76,11 @@ class ScoreConfig:
     composite_samples: int = 200_000
     frag: bool = True
     null: bool = True
-    null_tolerance: float = 0.05
+    null_tolerance: float = 0.05  # the scorer's defaults (lacuna_metrics.localization.null_calibration)
+    null_z: float = 3.0
+    null_min_lift: float = 0.01
+    null_draws: int = 6
+    null_samples: int = 200_000
 
 
 @dataclass
@@ -235,6 +239,10 @@ def validate_run_config(cfg: Mapping[str, Any]) -> None:
         ("eval", "batch_size"): (1, 4096),
         ("score", "composite_samples"): (0, 10**9),
         ("score", "null_tolerance"): (0.0, 0.5),
+        ("score", "null_z"): (0.0, 1e6),
+        ("score", "null_min_lift"): (0.0, 0.5),
+        ("score", "null_draws"): (2, 10**4),
+        ("score", "null_samples"): (1000, 10**9),
         ("attack", "attempts"): (1, 10**6),
         ("regime", "tau_rev"): (0.0, 1.0),
         ("regime", "tau_cat"): (0.0, 1.0),

@@ -84,7 +84,7 @@ def _old_score(path: Path, dest: Path) -> Path:
 
 def test_score_names_its_checkpoints(pair):
     doc = json.loads(pair.score_a.read_text())
-    assert doc["schema"] == "lacuna-bench/score" and doc["schema_version"] == 2
+    assert doc["schema"] == "lacuna-bench/score" and doc["schema_version"] == 3
     inputs = doc["manifest"]["inputs"]
     assert inputs["after"] == {"path": str(pair.a.resolve()), "fingerprint": Checkpoint(pair.a).fingerprint()}
     assert inputs["before"] == {

@@ -114,7 +114,7 @@ def test_score_writes_json_markdown_and_plots(scored, first):
     for png in ("roc.png", "layers.png"):
         data = (out / "plots" / png).read_bytes()
         assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 1000
-    assert result["schema"] == "lacuna-bench/score" and result["schema_version"] == 2
+    assert result["schema"] == "lacuna-bench/score" and result["schema_version"] == 3
 
     auc = result["auc"]
     assert auc["forget"]["raw"] > 0.99  # the planted update touches forget scalars only

@@ -17,7 +17,17 @@ from lacuna_unlearn.bench.cli.checks import (
 
 #: ``lacuna score`` flags whose defaults are the scorer's: ``LocalizationConfig`` fields and ``score_pair`` keywords.
 LOCALIZATION_FLAGS = ("composite_samples", "bins_bits", "exact_limit", "seed", "qtile_ties", "threads")
-SCORE_PAIR_FLAGS = ("gamma", "frag_target", "frag_min_coverage", "null_tolerance", "calib_samples")
+SCORE_PAIR_FLAGS = (
+    "gamma",
+    "frag_target",
+    "frag_min_coverage",
+    "null_tolerance",
+    "null_z",
+    "null_min_lift",
+    "null_draws",
+    "null_samples",
+    "calib_samples",
+)
 
 
 def score_defaults() -> dict[str, Any]:
@@ -80,12 +90,29 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--no-null",
         action="store_true",
-        help="skip the null calibration (null updates through every family; docs/scoring.md 'Null calibration')",
+        help="skip the null calibration (method-free updates at the update's own scale through every family; "
+        "docs/scoring.md 'Null calibration')",
     )
     parser.add_argument(
         "--null-tolerance",
         type=finite(0.0, 0.5, open_ends=True),
-        help="families whose null AUC leaves 0.5 ± this are excluded from the calibrated best (%(default)s)",
+        help="families whose null AUC (any null kind's mean) leaves 0.5 ± this are excluded from the calibrated best "
+        "(%(default)s)",
+    )
+    parser.add_argument(
+        "--null-z",
+        type=finite(0.0),
+        help="a family is calibrated when its lift over the null exceeds this many null standard deviations "
+        "(%(default)s)",
+    )
+    parser.add_argument("--null-min-lift", type=finite(0.0, 0.5), help="... and at least this much AUC (%(default)s)")
+    parser.add_argument(
+        "--null-draws", type=int_at_least(2), help="draws of each random null kind: the spread's estimate (%(default)s)"
+    )
+    parser.add_argument(
+        "--null-samples",
+        type=int_at_least(1000),
+        help="scalars of the universe sampled for the null updates (%(default)s; all when fewer)",
     )
     parser.add_argument("--activation-cache", help="activation statistics cache (default: $LACUNA_CACHE or ~/.cache)")
     parser.add_argument(

@@ -18,7 +18,6 @@ from lacuna_metrics.localization.leak_audit import (
     NullUpdate,
     audit_testbed,
     leak_audit,
-    score_null_updates,
     stored_as,
 )
 from lacuna_metrics.localization.precision import BASELINES, SCORES
@@ -94,71 +93,6 @@ def test_null_update_is_rounded_like_a_saved_checkpoint(tmp_path):
         assert torch.equal(NullUpdate(b16, kind, seed=5, scale=scale, stored_like=f32).read("w"), exact)
         assert torch.equal(NullUpdate(f32, kind, seed=5, scale=scale).read("w"), exact)
     assert stored_as(b16) == ["bfloat16"] and stored_as(f32) == ["float32"]
-
-
-def test_null_calibration_of_a_bf16_pair_scores_what_a_saved_method_free_update_scores(tmp_path):
-    """The null control must score what a method-free update scores once saved like the method's checkpoint. On a
-    bf16 pair whose masked scalars are larger (as injection leaves them), most of a small update rounds away and
-    what survives depends on |θ|: the saved update's raw AUC is far from 0.5. The rounded null update gets exactly
-    that AUC (so the calibration excludes raw); an unrounded one (the behaviour before) would report chance."""
-    from lacuna_metrics.localization.null_calibration import DEFAULT_NULL_SCALES
-    from lacuna_metrics.localization.precision import LocalizationConfig
-    from lacuna_metrics.score import score_pair
-
-    masks = build_masks(SHAPES, 4, budget=0.05, seed=3, skip_last=1)
-    gen = torch.Generator().manual_seed(0)
-    model = {}
-    for name, shape in SHAPES.items():
-        scale = 1 + 3 * (masks.packed[name] != 0).float() if name in masks.packed else 1.0
-        model[name] = (torch.randn(shape, generator=gen) * 0.05 * scale).to(torch.bfloat16)
-    before = Checkpoint(_write(tmp_path / "model", model))
-    save_masks(masks, tmp_path / "masks.safetensors")
-    seed = LocalizationConfig().seed
-    null = NullUpdate(before, "gaussian", seed=seed, scale=DEFAULT_NULL_SCALES["gaussian"])
-    saved = _write(tmp_path / "method_free", {n: null.read(n).to(torch.bfloat16) for n in SHAPES})
-    config = LocalizationConfig(scores=("raw",), composite=False)
-    result = score_pair(saved, before=before.path, masks=tmp_path / "masks.safetensors", config=config, frag=False,
-                        progress=False)  # fmt: skip
-    calibration = result["null_calibration"]
-    assert calibration["null_updates"]["gaussian"]["stored_as"] == ["bfloat16"]
-    for target in TARGETS:
-        assert calibration["null"]["gaussian"]["raw"][target] == result["auc"][target]["raw"]
-    assert abs(result["auc"]["unified"]["raw"] - 0.5) > 0.1
-    assert "raw" in calibration["targets"]["unified"]["excluded"]
-    f32 = Checkpoint(_write(tmp_path / "f32", {n: v.float() for n, v in model.items()}))
-    unrounded, _ = score_null_updates(before, tmp_path / "masks.safetensors", base=None, config=config,
-                                      scales=DEFAULT_NULL_SCALES, stored_like=f32)  # fmt: skip
-    assert unrounded["gaussian"]["raw"]["unified"] == pytest.approx(0.5, abs=0.05)
-
-
-def test_a_recorded_audit_is_reused_only_for_null_updates_rounded_alike(tmp_path):
-    """``lacuna score --testbed`` reuses the testbed's recorded null AUCs only when its null updates were rounded
-    as ones stored like ``--after`` are: a float32 testbed's audit stands for a float32 ``--after``, not a bf16 one;
-    an audit recorded before rounding (no ``stored_as``) rounded nothing, which is the same for float32."""
-    from lacuna_metrics.localization.precision import LocalizationConfig
-    from lacuna_metrics.score import score_pair
-
-    root = _testbed(tmp_path / "tb", leaky=False)
-    audit = audit_testbed(root, composite_samples=0)
-    assert all(e["stored_as"] == ["float32"] for e in audit["null_updates"].values())
-    model = Checkpoint(root / "model")
-    gen = torch.Generator().manual_seed(1)
-    moved = {n: model.read(n) + 1e-3 * torch.randn(model.shape(n), generator=gen) for n in model.names}
-    f32 = _write(tmp_path / "f32", moved)
-    b16 = _write(tmp_path / "b16", {n: v.to(torch.bfloat16) for n, v in moved.items()})
-    config = LocalizationConfig(scores=("raw",), composite=False)
-
-    def source(after: Path, recorded: dict) -> str:
-        (root / "manifest.json").write_text(json.dumps({"leak_audit": recorded}))
-        result = score_pair(after, testbed=root, frag=False, config=config, progress=False)
-        return result["null_calibration"]["source"]
-
-    manifest = str(root / "manifest.json")
-    assert source(f32, audit) == manifest
-    assert source(b16, audit) == "computed"
-    old = {**audit, "null_updates": {k: {x: y for x, y in e.items() if x != "stored_as"} for k, e in
-                                     audit["null_updates"].items()}}  # fmt: skip
-    assert source(f32, old) == manifest and source(b16, old) == "computed"
 
 
 def test_the_scorer_reads_the_null_update(tmp_path):
