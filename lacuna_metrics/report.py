@@ -103,11 +103,16 @@ def markdown_summary(result: dict[str, Any]) -> str:
             values = " | ".join(fmt(result["baselines"][t][name]) for t in targets)
             lines.append(f"| baseline: {name} (no after-model) | {values} |")
         if calibrated:
+            null = result.get("null_calibration") or {}
             lines += [
                 "",
-                "† excluded by the null calibration: a method-free update already moves that family's AUC away from "
-                "0.5, so its number says nothing about the method (docs/scoring.md, 'Null calibration'). The verdict "
-                "is the calibrated best; the uncalibrated best is kept for comparison with the paper.",
+                "† not calibrated: a method-free update of this update's own size, shape and dtype (its δ permuted "
+                "within |θ| strata, |θ|-shaped noise, weight decay, Gaussian noise) already moves that family's AUC "
+                f"away from 0.5 ± {fmt(null.get('tolerance'), 3)}, or the update does not beat those nulls by more "
+                f"than {fmt(null.get('z'), 1)} null standard deviations and {fmt(null.get('min_lift'), 3)} AUC "
+                f"({null.get('draws', '?')} draws per null kind on {(null.get('sample') or {}).get('scalars', '?')} "
+                "sampled scalars). The verdict is the calibrated best and its lift over the nulls; the uncalibrated "
+                "best is kept for comparison with the paper (docs/scoring.md, 'Null calibration').",
             ]
         bounds = [b for t in targets for b in result["auc_error_bound"][t].values()]
         worst = max(bounds) if bounds else 0.0

@@ -137,6 +137,10 @@ def _score(
             frag=bool(scfg["frag"]),
             null=bool(scfg["null"]),
             null_tolerance=float(scfg["null_tolerance"]),
+            null_z=float(scfg["null_z"]),
+            null_min_lift=float(scfg["null_min_lift"]),
+            null_draws=int(scfg["null_draws"]),
+            null_samples=int(scfg["null_samples"]),
             config=loc,
             progress=False,
         ),  # fmt: skip
@@ -153,6 +157,10 @@ def _score(
                 "calibrated_best": (calibrated.get(target) or {}).get("best"),
                 "best_lift": (calibrated.get(target) or {}).get("best_lift"),
                 "excluded": sorted((calibrated.get(target) or {}).get("excluded") or {}),
+                # the verdict's null (mean and spread of the null updates, for the band in plots/auc.png) and every
+                # family's uncalibrated AUC (the thin marks)
+                "null": _verdict_null(calibrated.get(target) or {}),
+                "families": {f: v for f, v in score["auc"][target].items() if f != "best" and v is not None},
             }
             for target in score["auc"]
         },
@@ -292,3 +300,12 @@ def positive_control(
         stages, cfg, ctx, field, "jensun", overrides, seed, field_out["baseline"], label=POSITIVE_CONTROL, control=True
     )
     return judge_positive_control(entry, overrides, field_out["methods"])
+
+
+def _verdict_null(calibrated: dict[str, Any]) -> dict[str, Any] | None:
+    """The null AUC and spread of the calibrated best's family (None: no verdict)."""
+    family = (calibrated.get("best") or {}).get("score")
+    entry = (calibrated.get("families") or {}).get(family) if family else None
+    if not entry:
+        return None
+    return {"family": family, "auc": entry.get("null_auc"), "sd": entry.get("null_sd")}

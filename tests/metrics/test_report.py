@@ -50,7 +50,17 @@ def _method(auc_f, leak, rel_leak, retain, rel_retain, success, regime, reversib
     return {
         "behaviour": _behaviour(leak, retain, j_w=leak),
         "relearned_behaviour": {"forget_leak": rel_leak, "retain_accuracy": rel_retain},
-        "auc": {t: {"best": {"score": "composite", "value": auc_f}, "raw": 0.5} for t in TARGETS},
+        "auc": {
+            t: {
+                "best": {"score": "composite", "value": auc_f},
+                "raw": 0.5,
+                "calibrated_best": {"score": "raw", "value": auc_f - 0.01} if auc_f > 0.545 else {"value": None},
+                "best_lift": {"score": "raw", "value": 0.3} if auc_f > 0.545 else {"value": None},
+                "null": {"family": "raw", "auc": 0.52, "sd": 0.01} if auc_f > 0.545 else None,
+                "families": {"raw": auc_f - 0.01, "composite": auc_f, "reversal": 0.62},
+            }
+            for t in TARGETS
+        },
         "frag": 0.01,
         "per_layer": _per_layer(0.48 if auc_f < 0.9 else 1.0, skip),
         "attack": {
@@ -194,6 +204,21 @@ def test_run_plots_are_written_at_readable_sizes(tmp_path):
     # layers.png: one row per method, not a thin strip
     height, width = imread(paths["layers.png"]).shape[:2]
     assert width / height < 4, (height, width)
+
+
+def test_auc_plot_reads_the_calibrated_verdict_and_its_null():
+    """plots/auc.png drew the uncalibrated best while the README says "against the null updates" (issue 34): the bar
+    is the calibrated best (none: no bar, "no verdict"), the band its null's mean ± 2 sd, the marks every family."""
+    from lacuna_unlearn.bench.report.plots import _auc_value, _family_values, _null_band
+
+    methods = _run()["methods"]
+    assert _auc_value(methods["oracle_grad"], "forget") == pytest.approx(0.99)  # calibrated, not the 1.0 composite
+    assert _auc_value(methods["grad_diff"], "forget") != _auc_value(methods["grad_diff"], "forget")  # NaN: none
+    assert _null_band(methods["oracle_grad"], "forget") == pytest.approx((0.50, 0.54))
+    assert _null_band(methods["grad_diff"], "forget") is None
+    assert sorted(_family_values(methods["oracle_grad"], "forget")) == pytest.approx([0.62, 0.99, 1.0])
+    old = {"auc": {"forget": {"best": {"score": "raw", "value": 0.7}}}}  # a results.json from before calibration
+    assert _auc_value(old, "forget") == 0.7
 
 
 def test_auc_axis_zooms_to_the_data_and_breaks_for_an_outlier():

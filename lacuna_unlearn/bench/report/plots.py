@@ -12,8 +12,26 @@ __all__ = ["write_field_plots"]
 
 
 def _auc_value(method: dict[str, Any], target: str) -> float:
-    entry = ((method.get("auc") or {}).get(target) or {}).get("best") or {}
-    return float("nan") if entry.get("value") is None else float(entry["value"])
+    """The calibrated best AUC of ``target`` (NaN: no family passed the null calibration). Results written before
+    the calibration existed have only the uncalibrated best, which is plotted then."""
+    entry = (method.get("auc") or {}).get(target) or {}
+    best = entry.get("calibrated_best") if "calibrated_best" in entry else entry.get("best")
+    return float("nan") if not best or best.get("value") is None else float(best["value"])
+
+
+def _null_band(method: dict[str, Any], target: str) -> tuple[float, float] | None:
+    """The verdict's null as (low, high): its mean AUC ± 2 spreads."""
+    null = (((method.get("auc") or {}).get(target) or {}).get("null")) or {}
+    if null.get("auc") is None:
+        return None
+    sd = float(null.get("sd") or 0.0)
+    return float(null["auc"]) - 2 * sd, float(null["auc"]) + 2 * sd
+
+
+def _family_values(method: dict[str, Any], target: str) -> list[float]:
+    """Every family's uncalibrated AUC of ``target``."""
+    families = (((method.get("auc") or {}).get(target) or {}).get("families")) or {}
+    return [float(v) for v in families.values() if isinstance(v, (int, float))]
 
 
 def _axis_ranges(values: list[float]) -> list[tuple[float, float]]:
@@ -49,8 +67,13 @@ def write_field_plots(
     targets = (("forget", "AUC(F)"), ("forget_vs_retain", "AUC(F vs R)"))
     if names and any(methods[n].get("auc") for n in names):
         values = {t: [_auc_value(methods[n], t) for n in names] for t, _ in targets}
+        bands = {t: [_null_band(methods[n], t) for n in names] for t, _ in targets}
+        families = {t: [_family_values(methods[n], t) for n in names] for t, _ in targets}
         lines = {t: (trivial.get(t) or {}).get("before_magnitude") for t, _ in targets}
-        ranges = _axis_ranges([0.5, *(v for vs in values.values() for v in vs), *(v for v in lines.values() if v)])
+        shown = [*(v for vs in values.values() for v in vs), *(v for v in lines.values() if v)]
+        shown += [x for bs in bands.values() for b in bs if b is not None for x in b]
+        shown += [x for fs in families.values() for f in fs for x in f]
+        ranges = _axis_ranges([0.5, *shown])
         heights = [1, 3] if len(ranges) == 2 else [1]
         fig, axes = plt.subplots(
             len(ranges), 1, sharex=True, figsize=(max(10.0, 1.3 * len(names) + 3.5), 5.8), layout="constrained",
@@ -65,13 +88,23 @@ def write_field_plots(
             for k, ((target, label), color) in enumerate(zip(targets, colors, strict=True)):
                 pos = x + (k - 0.5) * width
                 vals = np.array(values[target])
-                ax.bar(pos, vals - 0.5, width, bottom=0.5, color=color, label=label)
-                for px, v in zip(pos, vals, strict=True):
+                ax.bar(pos, vals - 0.5, width, bottom=0.5, color=color, label=f"{label}, calibrated best")
+                for i, (px, v) in enumerate(zip(pos, vals, strict=True)):
+                    band = bands[target][i]
+                    if band is not None:  # the verdict's null: mean ± 2 spreads of the method-free updates
+                        ax.fill_between([px - width / 2, px + width / 2], *band, color="0.35", alpha=0.45, lw=0,
+                                        label="null updates at the method's scale (mean ± 2 sd)", zorder=3)  # fmt: skip
+                    marks = [m for m in families[target][i] if lo <= m <= hi]
+                    ax.scatter([px] * len(marks), marks, marker="_", s=90, lw=0.8, color="black", zorder=4,
+                               label="each family's uncalibrated AUC")  # fmt: skip
                     if v == v and lo <= v <= hi:
                         ax.annotate(
                             f"{v:.3f}", (px, v), xytext=(0, 3 if v >= 0.5 else -3), textcoords="offset points",
                             ha="center", va="bottom" if v >= 0.5 else "top", fontsize=8,
                         )  # fmt: skip
+                    elif v != v:
+                        ax.annotate("no\nverdict", (px, 0.5), xytext=(0, 3), textcoords="offset points",
+                                    ha="center", va="bottom", fontsize=7, color=color)  # fmt: skip
                 if lines[target] is not None:
                     ax.axhline(
                         lines[target], color=color, ls="--", lw=1.2,
@@ -90,14 +123,13 @@ def write_field_plots(
             axes[0].plot([0, 1], [0, 0], transform=axes[0].transAxes, **mark)
             axes[1].plot([0, 1], [1, 1], transform=axes[1].transAxes, **mark)
         axes[-1].set_xticks(x, names, rotation=20, fontsize=10)
-        fig.supylabel("ROC-AUC (best scoring function)", fontsize=10)
+        fig.supylabel("ROC-AUC (calibrated best scoring function)", fontsize=10)
         axes[0].set_title("Localization: did the update land on the forget scalars?" + (f"\n{where}" if where else ""),
                           fontsize=12)  # fmt: skip
         handles, labels = axes[-1].get_legend_handles_labels()
-        order = sorted(
-            range(len(labels)), key=lambda i: (not labels[i].startswith("AUC"), labels[i].startswith("triv"))
-        )
-        handles, labels = [handles[i] for i in order], [labels[i] for i in order]
+        unique = {lab: h for h, lab in zip(handles, labels, strict=True)}  # one entry per label (bands repeat)
+        labels = sorted(unique, key=lambda lab: (not lab.startswith("AUC"), lab.startswith("triv")))
+        handles = [unique[lab] for lab in labels]
         fig.legend(handles, labels, fontsize=9, loc="outside lower center", ncols=2, frameon=False)
         written.append(save_figure(fig, plots / f"auc{suffix}.png"))
 
