@@ -13,7 +13,7 @@ the child's own:
   SHA-256 fingerprints the score's manifest names them by (the floor of any scorer that does);
 * ``score``: ``score_pair`` with every score applicable to a pair (no FRAG: no tokenizer here),
   and ``score --scores raw`` (no composite), the cheapest configuration; both with the null calibration (the
-  default: two more walks scoring null updates) and ``--no-null`` (the scorer's own walk);
+  default: null updates at the update's own scale on a sample collected during the walk) and ``--no-null``;
 * ``naive``: at ``--naive-gb``, loading both checkpoints whole, flattening the universe and calling
   ``sklearn.metrics.roc_auc_score`` (the reference script's shape), against our run on the same pair.
 
@@ -223,6 +223,7 @@ def child(kind: str, spec: dict) -> dict:
         out["bound"] = max(b for b in result["auc_error_bound"]["forget"].values())
         out["params"] = result["universe"]["scalars"]
         out["composite_seconds"] = result["manifest"]["localization_timings"].get("composite_seconds")
+        out["null_seconds"] = (result.get("null_calibration") or {}).get("seconds")
     elif kind == "naive":
         import numpy as np
         from safetensors.torch import load_file
@@ -296,7 +297,7 @@ def main() -> None:
         rows.append((label, gb, "read (cold, median of 3)", read, 1.0))
         runs = [("read", {}, False, 1), ("read_with_masks", {}, True, 1), ("read_hash", {}, True, repeats)]
         runs += [("score", {}, True, repeats), ("score", {"scores": ["raw"], "no_composite": True}, True, repeats)]
-        if label == "large":  # the scorer's own walk, without the null calibration's two extra walks
+        if label == "large":  # the scorer's own walk, without the null calibration
             runs += [
                 ("score", {"null": False}, True, repeats),
                 ("score", {"scores": ["raw"], "no_composite": True, "null": False}, True, repeats),
@@ -362,8 +363,7 @@ def main() -> None:
         walk = next(r for lb, _g, n, r, _ in rows if lb == "large" and n.startswith("score --no-null"))["seconds"]
         print(
             f"full set without the null calibration: {walk:.1f} s = {walk / (floor + composite):.2f}x that floor "
-            f"(target <= 1.5x), {walk / (hashed + composite):.2f}x reading and fingerprinting then the fits; the null "
-            f"calibration scores two null updates, i.e. two more walks"
+            f"(target <= 1.5x), {walk / (hashed + composite):.2f}x reading and fingerprinting then the fits"
         )
         walk_run = next(r for lb, _g, n, r, _ in rows if lb == "large" and n.startswith("score --no-null"))
         work = walk_run["cpu_seconds"] / cores
@@ -371,6 +371,21 @@ def main() -> None:
             f"work floor of the full set without the null calibration (its CPU time / {cores} cores): {work:.1f} s = "
             f"{work / (floor + composite):.2f}x the floor above (target <= 1.5x); wall / work floor {walk / work:.2f}"
         )
+    # issue 34, item 6: the null calibration's cost against the same run's uncalibrated score and its floors
+    seconds = {name: r["seconds"] for label, _gb, name, r, _ in rows if label == "large"}
+    cal, uncal = seconds["score (cold), median of 3"], seconds["score --no-null (cold), median of 3"]
+    raw_cal = seconds["score --scores raw (cold), median of 3"]
+    raw_uncal = seconds["score --scores raw --no-null (cold), median of 3"]
+    print()
+    print(f"null calibration, full set: {cal:.1f} s against {uncal:.1f} s uncalibrated = {cal / uncal:.2f}x "
+          f"(target <= 2x: {'met' if cal <= 2 * uncal else 'not met'})")  # fmt: skip
+    print(f"null calibration, --scores raw: {raw_cal:.1f} s against {raw_uncal:.1f} s = {raw_cal / raw_uncal:.2f}x")
+    print(f"--scores raw (calibrated) / read_hash: {raw_cal / hashed:.2f}x (target <= 2.5x: "
+          f"{'met' if raw_cal <= 2.5 * hashed else 'not met'})")  # fmt: skip
+    if full.get("composite_seconds") is not None:
+        fl = hashed + full["composite_seconds"]
+        print(f"full set (calibrated) / (read_hash + the composite's fits) = {cal / fl:.2f}x, uncalibrated "
+              f"{uncal / fl:.2f}x (target <= 1.5x: {'met' if cal <= 1.5 * fl else 'not met'})")  # fmt: skip
     small = {name: r for label, _gb, name, r, _ in rows if label == "small"}
     naive, ours = small["naive (cold)"], small["score --scores raw (cold)"]
     print()
