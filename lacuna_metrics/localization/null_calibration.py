@@ -52,7 +52,7 @@ DEFAULT_DRAWS = 6
 #: Scalars of the universe sampled for the nulls (the whole universe when smaller).
 DEFAULT_NULL_SAMPLES = 200_000
 #: Rows of that sample the composite is refitted on, per null draw, and its draws per random kind.
-COMPOSITE_ROWS = 50_000
+COMPOSITE_ROWS = 30_000
 COMPOSITE_DRAWS = 2
 
 

@@ -27,7 +27,9 @@ METHOD = {"raw": {"forget": 0.63, "unified": 0.50}, "reversal": {"forget": 0.99,
 def _draws(table: dict[str, dict[str, list[float]]]) -> list[dict]:
     """``{family: {target: [draw values]}}`` -> one ``{family: {target: value}}`` table per draw."""
     n = max(len(v) for by_target in table.values() for v in by_target.values())
-    return [{f: {t: v[i] for t, v in by_target.items() if i < len(v)} for f, by_target in table.items()} for i in range(n)]
+    return [
+        {f: {t: v[i] for t, v in by_target.items() if i < len(v)} for f, by_target in table.items()} for i in range(n)
+    ]
 
 
 NULL = {
@@ -285,6 +287,8 @@ def test_a_mask_blind_update_gets_no_verdict_and_a_mask_restricted_one_keeps_raw
     for name in ("weight_decay", "gaussian"):
         for target, entry in out[name].items():
             assert entry["best"]["value"] is None, (name, target, entry["best"], entry["best_lift"])
+    if traced:  # the check can fail: the uncalibrated best credits weight decay with the trace
+        assert out["weight_decay"]["forget"]["families"]["raw"]["auc"] > 0.6
     forget_entry = out["forget_only"]["forget"]
     if traced:
         assert "weight_decay" in forget_entry["excluded"]["raw"]
