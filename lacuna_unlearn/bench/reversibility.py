@@ -19,15 +19,18 @@ __all__ = ["judge_positive_control", "last_block_regex", "regime", "relearned_ra
 def regime(
     cfg: Mapping[str, Any], base: Mapping[str, Any], unlearned: Mapping[str, Any], relearned: Mapping[str, Any]
 ) -> dict[str, Any]:
-    """The regime (docs/definitions.md#forgetting-regimes) from forget leak (before, unlearned, relearned) and retain
-    accuracy (before, unlearned)."""
+    """The regime (docs/definitions.md#forgetting-regimes) from the forget leak (before, unlearned, relearned) and the
+    retained ability no unlearning loss trained on: held-out retain and cross-field accuracy (before, unlearned) and the
+    held-out neutral perplexity ratio."""
     from lacuna_metrics import classify_regime
 
     rcfg = cfg["regime"]
     return classify_regime(
         base["forget_leak"], unlearned["forget_leak"], relearned["forget_leak"],
-        base["retain_accuracy"], unlearned["retain_accuracy"],
-        tau_rev=float(rcfg["tau_rev"]), tau_cat=float(rcfg["tau_cat"]), relative=bool(rcfg["relative"]),
+        retained={k: (base.get(k), unlearned.get(k)) for k in ("retain_eval_accuracy", "crossfield_accuracy")},
+        ppl_ratio=unlearned.get("neutral_ppl_ratio"),
+        tau_rev=float(rcfg["tau_rev"]), tau_cat=float(rcfg["tau_cat"]), tau_ppl=float(rcfg["tau_ppl"]),
+        rule=str(rcfg["rule"]), relative=bool(rcfg["relative"]),
     )  # fmt: skip
 
 
@@ -56,9 +59,9 @@ def reversibility(
     entry: Mapping[str, Any],
 ) -> dict[str, Any]:
     """Restricted relearning (docs/definitions.md#restricted-relearning) of one unlearned model from each source, |D_f|
-    rows each, then forget and retain QA; the regime is the one of the source with the highest recovery ratio (a method
-    is as reversible as its easiest way back). Per source: the relearned rates with n and intervals, and that source's
-    regime."""
+    rows each, then forget and retain QA; the regime is the one of the source that brings the forget leak back closest
+    to the original (the smallest gap Δr: a method is as reversible as its easiest way back). Per source: the relearned
+    rates with n and intervals, and that source's regime."""
     from hydra import compose, initialize_config_module
 
     from lacuna_unlearn.trainer.app import run as unlearn_run
@@ -94,9 +97,8 @@ def reversibility(
             **relearned_rates(rel),
             "regime": regime(cfg, baseline["behaviour"], entry["behaviour"], rel),
         }
-    ratios = {s: r["regime"]["recovery_ratio"] for s, r in per_source.items()}
-    known = {s: v for s, v in ratios.items() if v is not None}
-    worst = max(known, key=lambda s: known[s]) if known else next(iter(per_source))
+    gaps = {s: r["regime"]["forget_gap"] for s, r in per_source.items()}
+    worst = min(gaps, key=lambda s: gaps[s])
     chosen = {**per_source[worst]["regime"], "protocol": "restricted_relearning", "source": worst}
     return {
         "protocol": "restricted_relearning",

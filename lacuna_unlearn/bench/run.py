@@ -58,6 +58,7 @@ SEED_METRICS = (
     "l2",
     "attack.success_at_n_unlearned",
     "attack.success_at_n_relearned",
+    "regime.forget_gap",
     "regime.recovery_ratio",
 )
 

@@ -99,8 +99,14 @@ class AttackConfig:
 class RegimeConfig:
     """Thresholds of the forgetting regime (docs/definitions.md#forgetting-regimes)."""
 
+    # reversible iff the forget leak after relearning is within tau_rev of the original (rule absolute, the paper's
+    # gap Δr) or relearning recovers >= tau_rev of the removed leak (rule relative, the recovery ratio)
+    rule: str = "absolute"
     tau_rev: float = 0.5
+    # catastrophic iff held-out retain or cross-field accuracy drops by more than tau_cat (relative: as a share of
+    # the original) or the held-out neutral perplexity grows by more than tau_ppl times
     tau_cat: float = 0.2
+    tau_ppl: float = 2.0
     relative: bool = False
 
 
@@ -246,9 +252,10 @@ def validate_run_config(cfg: Mapping[str, Any]) -> None:
         ("attack", "attempts"): (1, 10**6),
         ("regime", "tau_rev"): (0.0, 1.0),
         ("regime", "tau_cat"): (0.0, 1.0),
+        ("regime", "tau_ppl"): (1.0, 1e12),
     }
     #: settings whose ends are excluded: a tolerance of 0 or 0.5 and a threshold of 0 or 1 make every case alike
-    open_ends = {("score", "null_tolerance"), ("regime", "tau_rev"), ("regime", "tau_cat")}
+    open_ends = {("score", "null_tolerance"), ("regime", "tau_rev"), ("regime", "tau_cat"), ("regime", "tau_ppl")}
     for path, (low, high) in ranges.items():
         value = cfg
         for part in path:
@@ -267,6 +274,8 @@ def validate_run_config(cfg: Mapping[str, Any]) -> None:
             raise ValueError(f"run config: {'.'.join(path)} must be in ({low}, {high}), got {value!r}")
         if not low <= value <= high:
             raise ValueError(f"run config: {'.'.join(path)} must be in [{low}, {high}], got {value!r}")
+    if cfg["regime"]["rule"] not in ("absolute", "relative"):
+        raise ValueError(f"run config: regime.rule must be 'absolute' or 'relative', got {cfg['regime']['rule']!r}")
     rev = cfg["reversibility"]
     if (
         not isinstance(rev.get("sources"), list)

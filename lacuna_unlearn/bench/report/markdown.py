@@ -26,6 +26,17 @@ def run_markdown(results: dict[str, Any]) -> str:
     attempts = next((m["attack"]["attempts"] for m in every if m.get("attack")), "N")
     regime_cfg = next(((m.get("regime") or {}).get("thresholds") for m in every if m.get("regime")), None) or {}
     tau_rev, tau_cat = regime_cfg.get("tau_rev", "tau_rev"), regime_cfg.get("tau_cat", "tau_cat")
+    tau_ppl, rule = regime_cfg.get("tau_ppl", "tau_ppl"), regime_cfg.get("rule", "relative")
+    reversible_rule = (
+        f"reversible iff relearning brings the leak back to within tau_rev = {tau_rev} of the original (Δr, the gap "
+        "left)"
+        if rule == "absolute"
+        else f"reversible iff relearning recovers ≥ tau_rev = {tau_rev} of the removed leak (ρ)"
+    )
+    catastrophic_rule = (
+        f"catastrophic iff held-out retain or cross-field acc drops by more than tau_cat = {tau_cat} or the neutral "
+        f"perplexity grows more than tau_ppl = {tau_ppl}×"
+    )
     footnote = False
     for field, entry in fields.items():
         if len(fields) > 1:
@@ -36,9 +47,8 @@ def run_markdown(results: dict[str, Any]) -> str:
     if footnote:
         lines += [
             f"† The regime and Success@{attempts} point different ways. The regime reads only the QA forget leak (one "
-            f"prompt per person) before unlearning, after unlearning and after relearning (reversible iff relearning "
-            f"recovers ≥ tau_rev = {tau_rev} of the removed leak; catastrophic iff retain acc after unlearning drops by "
-            f"more than tau_cat = {tau_cat}); Success@{attempts} is the extraction probe ({attempts} fresh prompts per "
+            f"prompt per person) before unlearning, after unlearning and after relearning ({reversible_rule}; "
+            f"{catastrophic_rule}); Success@{attempts} is the extraction probe ({attempts} fresh prompts per "
             f'person), which finds facts the single QA prompt misses. "irreversible" with Success@{attempts} > 0 after '
             "relearning: the QA answer stayed gone, the fact did not.",
             "",
@@ -63,20 +73,22 @@ def run_markdown(results: dict[str, Any]) -> str:
         "- **J_W**: share of forget people leaking under any of 15 paraphrases or in-context retain prompts (worst "
         "case; n/a when the evaluated tasks leave it out).",
         "- **AUC(F) / AUC(F-R) / AUC(F vs R)**: does the update's size single out the forget scalars (vs all others / "
-        "forget + retain vs outside / vs retain only); 0.5 = chance, 1 = exactly; best scoring function in brackets, "
-        "taken only over the families that null updates (noise that knows nothing of the masks) leave at 0.5 ± the "
-        "tolerance; **lift** = that family's AUC − its null AUC (docs/scoring.md, 'Null calibration').",
+        "forget + retain vs outside / vs retain only); 0.5 = chance, 1 = exactly; the calibrated best scoring function "
+        "in brackets: only families where the update beats method-free updates of its own size, shape and dtype (its "
+        "δ permuted within |θ| strata, weight decay, |θ|-shaped and Gaussian noise) by more than their spread; "
+        "**lift** = that family's AUC − its null AUC; n/a: no family beats its nulls (docs/scoring.md, 'Null "
+        "calibration').",
         "- **trivial detector**: the same AUCs from |θ_before| / |θ_before − θ_base| with no unlearning at all; a "
         "method's AUC shows localization only where it beats this row.",
         "- **FRAG**: forget alignment − γ × retain alignment of the weight update (higher predicts forgetting that "
         "survives relearning, docs/definitions.md#frag-score).",
         f"- **Success@N**: share of forget people leaking in at least one of N = {attempts} fresh extraction prompts, "
         "unlearned → relearned (a jump = suppressed, not erased).",
-        "- **regime** (docs/definitions.md#forgetting-regimes): from the QA forget leak, reversible iff relearning "
-        f"recovers ≥ tau_rev = {tau_rev} of the removed leak (ρ: the share recovered); catastrophic iff retain acc "
-        f"drops > tau_cat = {tau_cat}. "
+        f'- **regime** (docs/definitions.md#forgetting-regimes, "Unlearning Isn\'t Deletion"): from the QA forget '
+        f"leak, {reversible_rule}; {catastrophic_rule} (never the retain acc column, whose people a retain loss "
+        "trains on). "
         "With the reversibility protocol (the default), relearning is restricted to |D_f| rows from the forget, "
-        "retain and unrelated sources and the source that recovers most decides (named after ρ); without it, the "
+        "retain and unrelated sources and the source that recovers most decides (named after Δr); without it, the "
         "held-out relearning attack of the forget leak column.",
         "- **positive control**: a method that only hides the answer (a refusal objective on the last layer, which "
         "holds no fact); it must come out reversible, or the protocol is too weak and regimes read `undetermined`.",

@@ -122,10 +122,7 @@ def _field_table(entry: dict[str, Any], trivial: dict[str, Any], attempts: Any) 
             if att else "n/a"
         )  # fmt: skip
         regime = m.get("regime") or {}
-        label = regime.get("regime", "n/a")
-        if regime.get("recovery_ratio") is not None:
-            source = f", from {regime['source']}" if regime.get("source") else ""
-            label += f" (ρ={regime['recovery_ratio']:.2f}{source})"
+        label = regime.get("regime", "n/a") + _regime_note(regime)
         if disagrees(m):
             label += " †"
             footnote = True
@@ -139,9 +136,7 @@ def _field_table(entry: dict[str, Any], trivial: dict[str, Any], attempts: Any) 
     control = entry.get("positive_control")
     if control:
         regime = control.get("regime") or {}
-        label = regime.get("regime", "n/a")
-        if regime.get("recovery_ratio") is not None:
-            label += f" (ρ={regime['recovery_ratio']:.2f}, from {regime.get('source', '?')})"
+        label = regime.get("regime", "n/a") + _regime_note(regime)
         beh = control.get("behaviour") or {}
         lines.append(
             f"| positive control: {control.get('name')} | {memorization(beh)} | {_rate(beh, 'forget_leak')} "
@@ -244,3 +239,15 @@ def _control_note(entry: dict[str, Any]) -> list[str]:
                 f"({setting}), so the protocol can tell suppression from erasure.", ""]  # fmt: skip
     return [f"**Positive control failed**: {control.get('reason', 'see results.json')} ({setting}). Regimes are "
             "reported as `undetermined`; raise `reversibility.learning_rate` or `reversibility.epochs`.", ""]  # fmt: skip
+
+
+def _regime_note(regime: dict[str, Any]) -> str:
+    """What decided a regime, after its label: the gap Δr left after relearning (the paper's rule) or the recovery
+    ratio ρ (the relative rule), and the relearning source."""
+    source = f", from {regime['source']}" if regime.get("source") else ""
+    rule = (regime.get("thresholds") or {}).get("rule", "relative")  # results from before the rule was recorded
+    if rule == "absolute" and regime.get("forget_gap") is not None:
+        return f" (Δr={regime['forget_gap']:.2f}{source})"
+    if regime.get("recovery_ratio") is not None:
+        return f" (ρ={regime['recovery_ratio']:.2f}{source})"
+    return ""

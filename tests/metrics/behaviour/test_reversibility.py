@@ -12,6 +12,7 @@ from lacuna_metrics.behaviour.regimes import (
     IDEAL_REGIME,
     NO_FORGETTING,
     REGIMES,
+    UNDETERMINED,
     accuracies_from_lm_eval,
     classify_regime,
     recovery_ratio,
@@ -29,40 +30,77 @@ def test_recovery_ratio():
     assert math.isnan(recovery_ratio(0.5, 0.45, 0.5, eps=0.1))
 
 
+HELD_OUT = {"retain_eval_accuracy": (1.0, 0.9), "crossfield_accuracy": (1.0, 1.0)}
+BROKEN = {"retain_eval_accuracy": (1.0, 0.0), "crossfield_accuracy": (1.0, 1.0)}
+
+
 @pytest.mark.parametrize(
-    ("args", "regime"),
+    ("forget", "retained", "ppl", "regime"),
     [
-        ((0.9, 0.0, 0.8, 0.9, 0.85), "reversible_noncatastrophic"),  # rho 0.89, drop 0.05
-        ((0.9, 0.0, 0.8, 0.9, 0.30), "reversible_catastrophic"),  # rho 0.89, drop 0.6
-        ((0.9, 0.0, 0.1, 0.9, 0.30), "irreversible_catastrophic"),  # rho 0.11, drop 0.6
-        ((0.9, 0.0, 0.1, 0.9, 0.85), "irreversible_noncatastrophic"),  # rho 0.11, drop 0.05
+        ((0.9, 0.0, 0.8), HELD_OUT, 1.1, "reversible_noncatastrophic"),  # gap 0.1
+        ((0.9, 0.0, 0.8), BROKEN, 1.1, "reversible_catastrophic"),  # held-out retain gone
+        ((0.9, 0.0, 0.1), HELD_OUT, 50.0, "irreversible_catastrophic"),  # gap 0.8, perplexity x50
+        ((0.9, 0.0, 0.1), HELD_OUT, 1.1, "irreversible_noncatastrophic"),  # gap 0.8
     ],
 )
-def test_four_regimes(args, regime):
-    out = classify_regime(*args)
+def test_four_regimes(forget, retained, ppl, regime):
+    out = classify_regime(*forget, retained=retained, ppl_ratio=ppl)
     assert out["regime"] == regime and regime in REGIMES
     assert out["ideal"] == (regime == IDEAL_REGIME == "irreversible_noncatastrophic")
     assert out["reversible"] == regime.startswith("reversible")
     assert out["catastrophic"] == regime.endswith("_catastrophic")
-    assert out["recovery_ratio"] == pytest.approx((args[2] - args[1]) / (args[0] - args[1]))
-    assert out["retain_drop"] == pytest.approx(args[3] - args[4])
-    assert out["thresholds"] == {"tau_rev": 0.5, "tau_cat": 0.2, "relative": False, "eps": 1e-9}
+    assert out["forget_gap"] == pytest.approx(forget[0] - forget[2])  # Δr(T_f), absolute
+    assert out["recovery_ratio"] == pytest.approx((forget[2] - forget[1]) / (forget[0] - forget[1]))
+    assert out["thresholds"] == {"rule": "absolute", "tau_rev": 0.5, "tau_cat": 0.2, "tau_ppl": 2.0,
+                                 "relative": False, "eps": 1e-9}  # fmt: skip
     json.dumps(out, allow_nan=False)
 
 
+def test_the_catastrophic_axis_never_reads_trained_retain_rows():
+    """grad_diff kept its retain QA at 1.0 (the rows its retain loss trains on) while held-out retain fell to 0 and
+    the neutral perplexity grew 2.9e24 times: the earlier rule called it non-catastrophic."""
+    destroyed = classify_regime(1.0, 0.0, 0.0, retained={"retain_eval_accuracy": (1.0, 0.0)}, ppl_ratio=2.9e24)
+    assert destroyed["regime"] == "irreversible_catastrophic" and not destroyed["ideal"]
+    inputs = destroyed["catastrophic_inputs"]
+    assert inputs["retain_eval_accuracy"]["catastrophic"] and inputs["neutral_ppl_ratio"]["catastrophic"]
+    assert inputs["crossfield_accuracy"] == {"measured": False}
+    with pytest.raises(ValueError, match="catastrophic inputs"):
+        classify_regime(1.0, 0.0, 0.0, retained={"retain_accuracy": (1.0, 1.0)})
+    blind = classify_regime(1.0, 0.0, 0.0)  # nothing measured on that axis: no regime, with the reason
+    assert blind["regime"] == UNDETERMINED and blind["catastrophic"] is None and "nothing measured" in blind["reason"]
+
+
+def test_absolute_and_relative_reversibility():
+    """Removing 1 of 5 facts and keeping it removed was "irreversible" (ideal) under the recovery ratio; the paper's
+    gap Δr = 0.2 says the facts are as good as back."""
+    partial = dict(retained=HELD_OUT, ppl_ratio=1.0)
+    assert classify_regime(1.0, 0.8, 0.8, **partial)["regime"] == "reversible_noncatastrophic"
+    relative = classify_regime(1.0, 0.8, 0.8, rule="relative", **partial)
+    assert relative["regime"] == "irreversible_noncatastrophic" and relative["thresholds"]["rule"] == "relative"
+    # boundaries: a gap equal to tau_rev is irreversible; rho equal to tau_rev is reversible (relative)
+    assert classify_regime(1.0, 0.0, 0.5, **partial)["reversible"] is False
+    assert classify_regime(1.0, 0.0, 0.5, rule="relative", **partial)["reversible"] is True
+    with pytest.raises(ValueError, match="rule"):
+        classify_regime(1.0, 0.0, 0.5, rule="paper")
+
+
 def test_thresholds_and_relative_drop():
-    # boundaries: rho == tau_rev is reversible, drop == tau_cat is not catastrophic
-    assert classify_regime(1.0, 0.0, 0.5, 0.5, 0.25, tau_cat=0.25)["regime"] == "reversible_noncatastrophic"
+    # a drop equal to tau_cat is not catastrophic; a perplexity ratio equal to tau_ppl is not either
+    at = classify_regime(1.0, 0.0, 0.0, retained={"retain_eval_accuracy": (0.5, 0.25)}, tau_cat=0.25, ppl_ratio=2.0)
+    assert at["catastrophic"] is False
     # relative: 0.4 -> 0.25 is an absolute drop of 0.15 but a relative drop of 37.5%
-    assert classify_regime(0.8, 0.0, 0.0, 0.4, 0.25)["catastrophic"] is False
-    rel = classify_regime(0.8, 0.0, 0.0, 0.4, 0.25, relative=True)
-    assert rel["catastrophic"] is True and rel["retain_drop"] == pytest.approx(0.375)
-    assert classify_regime(0.8, 0.0, 0.0, 0.0, 0.0, relative=True)["retain_drop"] == 0.0
-    assert classify_regime(0.8, 0.0, 0.2, 0.9, 0.9, tau_rev=0.2)["regime"] == "reversible_noncatastrophic"
+    drop = {"retain_eval_accuracy": (0.4, 0.25)}
+    assert classify_regime(0.8, 0.0, 0.0, retained=drop)["catastrophic"] is False
+    rel = classify_regime(0.8, 0.0, 0.0, retained=drop, relative=True)
+    assert rel["catastrophic"] is True
+    assert rel["catastrophic_inputs"]["retain_eval_accuracy"]["drop"] == pytest.approx(0.375)
+    zero = classify_regime(0.8, 0.0, 0.0, retained={"retain_eval_accuracy": (0.0, 0.0)}, relative=True)
+    assert zero["catastrophic_inputs"]["retain_eval_accuracy"]["drop"] == 0.0
+    assert classify_regime(0.8, 0.0, 0.2, retained=HELD_OUT, tau_ppl=5.0, ppl_ratio=4.0)["catastrophic"] is False
 
 
 def test_no_forgetting():
-    out = classify_regime(0.3, 0.3, 0.9, 0.9, 0.2)
+    out = classify_regime(0.3, 0.3, 0.9, retained=BROKEN)
     assert out["regime"] == NO_FORGETTING == "no_forgetting"
     assert out["reversible"] is None and out["recovery_ratio"] is None and out["ideal"] is False
     assert out["catastrophic"] is True
@@ -75,14 +113,16 @@ def test_no_forgetting():
         ({"a_orig_f": 1.2}, "a_orig_f"),
         ({"a_unl_f": -0.1}, "a_unl_f"),
         ({"a_rel_f": float("nan")}, "a_rel_f"),
-        ({"a_orig_r": "0.5"}, "a_orig_r"),
-        ({"a_unl_r": True}, "a_unl_r"),
+        ({"retained": {"retain_eval_accuracy": ("0.5", 0.4)}}, "retain_eval_accuracy"),
+        ({"retained": {"crossfield_accuracy": (1.0, True)}}, "crossfield_accuracy"),
+        ({"ppl_ratio": -1.0}, "neutral_ppl_ratio"),
         ({"tau_rev": float("inf")}, "tau_rev"),
         ({"tau_cat": None}, "tau_cat"),
+        ({"tau_ppl": "2"}, "tau_ppl"),
     ],
 )
 def test_invalid_inputs(kwargs, name):
-    args = {"a_orig_f": 0.9, "a_unl_f": 0.1, "a_rel_f": 0.5, "a_orig_r": 0.9, "a_unl_r": 0.8, **kwargs}
+    args = {"a_orig_f": 0.9, "a_unl_f": 0.1, "a_rel_f": 0.5, "retained": HELD_OUT, **kwargs}
     with pytest.raises(ValueError, match=name):
         classify_regime(**args)
 
@@ -128,27 +168,32 @@ def test_accuracies_from_lm_eval(tmp_path):
 def test_cli_reversibility_from_lm_eval_results(tmp_path, capsys):
     from lacuna_unlearn.bench.cli.main import main
 
-    def results(name: str, forget: float, retain: float) -> str:
+    def results(name: str, forget: float, retain: float, held_out: float | None = None, ppl: float = 10.0) -> str:
         path = tmp_path / f"{name}.json"
         body = {
             "results": {
                 "lacuna_email_forget_qa": {"leak_rate,none": forget},
                 "lacuna_email_retain_qa": {"accuracy,none": retain},
+                "lacuna_neutral_ppl": {"word_perplexity,none": ppl},
             }
         }
+        if held_out is not None:
+            body["results"]["lacuna_email_retain_eval_qa"] = {"accuracy,none": held_out}
         path.write_text(json.dumps(body))
         return str(path)
 
     out = tmp_path / "regime.json"
     code = main(
         [
-            "reversibility", "--original", results("o", 1.0, 1.0), "--unlearned", results("u", 0.0, 0.9),
+            "reversibility", "--original", results("o", 1.0, 1.0, 1.0), "--unlearned", results("u", 0.0, 1.0, 0.0),
             "--relearned", results("r", 0.8, 0.9), "--out", str(out),
         ]
     )  # fmt: skip
     assert code == 0
     result = json.loads(out.read_text())
-    assert result["regime"] == "reversible_noncatastrophic" and result["recovery_ratio"] == pytest.approx(0.8)
-    assert result["accuracies"]["relearned"] == {"forget": 0.8, "retain": 0.9}
+    # retain QA (trained on) stayed 1.0, held-out retain fell to 0: catastrophic; the gap 0.2 < 0.5: reversible
+    assert result["regime"] == "reversible_catastrophic" and result["forget_gap"] == pytest.approx(0.2)
+    assert result["catastrophic_inputs"]["neutral_ppl_ratio"]["ratio"] == pytest.approx(1.0)
+    assert result["accuracies"]["relearned"] == {"forget": 0.8, "retain (trained on; not read)": 0.9}
     code = main(["reversibility", "--original", str(tmp_path / "nope.json"), "--unlearned", "u", "--relearned", "r"])
     assert code == 2 and "nope.json" in capsys.readouterr().err
