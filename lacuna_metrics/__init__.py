@@ -25,6 +25,7 @@ _EXPORTS: dict[str, str] = {
         "lacuna_metrics.behaviour.regimes": (
             "accuracies_from_lm_eval",
             "classify_regime",
+            "leak_separation",
         ),
         "lacuna_metrics.diagnose.diagnostics": ("diagnose_models",),
         "lacuna_metrics.frag.activations": (

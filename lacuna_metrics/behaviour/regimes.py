@@ -42,7 +42,9 @@ __all__ = [
     "UNDETERMINED",
     "accuracies_from_lm_eval",
     "classify_regime",
+    "leak_separation",
     "recovery_ratio",
+    "wilson_interval",
 ]
 
 REGIMES: tuple[str, ...] = (
@@ -200,6 +202,39 @@ def classify_regime(
         return {"regime": UNDETERMINED, "ideal": False, "reversible": reversible, "reason": reason, **out}
     regime = f"{'reversible' if reversible else 'irreversible'}_{'catastrophic' if catastrophic else 'noncatastrophic'}"
     return {"regime": regime, "ideal": regime == IDEAL_REGIME, "reversible": reversible, **out}
+
+
+def wilson_interval(k: int, n: int, *, level: float = 0.95) -> tuple[float, float]:
+    """Wilson score interval of the rate ``k / n`` (the building block of :func:`leak_separation`)."""
+    from scipy.stats import norm
+
+    if not (isinstance(k, int) and isinstance(n, int)) or n < 1 or not 0 <= k <= n:
+        raise ValueError(f"wilson_interval needs 0 <= k <= n and n >= 1 (integers), got k={k!r}, n={n!r}")
+    z = float(norm.ppf(0.5 + level / 2))
+    p = k / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def leak_separation(k: int, n: int, k0: int, n0: int, *, level: float = 0.95) -> dict[str, Any]:
+    """Does the rate ``k / n`` exceed ``k0 / n0`` by more than their interval? Newcombe's hybrid score interval
+    (method 10 of Newcombe 1998, from two Wilson intervals) for the difference ``k/n − k0/n0``; ``separated`` when
+    its lower end is above 0. Used to tell relearning (a leak that comes back) from learning afresh (the negative
+    control's leak on people the model never saw, at the same budget)."""
+    lo1, hi1 = wilson_interval(k, n, level=level)
+    lo0, hi0 = wilson_interval(k0, n0, level=level)
+    p1, p0 = k / n, k0 / n0
+    low = (p1 - p0) - math.sqrt((p1 - lo1) ** 2 + (hi0 - p0) ** 2)
+    high = (p1 - p0) + math.sqrt((hi1 - p1) ** 2 + (p0 - lo0) ** 2)
+    return {
+        "separated": low > 0,
+        "difference": p1 - p0,
+        "interval": [low, high],
+        "level": level,
+        "method": "newcombe_hybrid_score",
+        "counts": {"k": k, "n": n, "k0": k0, "n0": n0},
+    }
 
 
 def accuracies_from_lm_eval(

@@ -12,6 +12,7 @@ from lacuna_unlearn.bench.behaviour import behaviour, eval_stage
 from lacuna_unlearn.bench.reversibility import (
     judge_positive_control,
     last_block_regex,
+    negative_control,
     regime,
     relearned_rates,
     reversibility,
@@ -19,7 +20,7 @@ from lacuna_unlearn.bench.reversibility import (
 from lacuna_unlearn.bench.run_config import POSITIVE_CONTROL
 from lacuna_unlearn.bench.stages import Stages, output_key
 
-__all__ = ["method_entry", "positive_control", "trajectory"]
+__all__ = ["controls", "method_entry", "trajectory"]
 
 
 def method_entry(
@@ -289,17 +290,23 @@ def trajectory(
     return {"leak_threshold": threshold, "points": curve, "matched": matched, "end": curve[-1]}
 
 
-def positive_control(
-    stages: Stages, cfg: Mapping[str, Any], ctx: Mapping[str, Any], field: str, seed: int, field_out: dict[str, Any]
+def controls(
+    stages: Stages, cfg: Mapping[str, Any], ctx: Mapping[str, Any], field: str, seed: int, baseline: dict[str, Any]
 ) -> dict[str, Any]:
-    """A method that only hides the answer (JensUn's refusal objective confined to the last, never masked layer)
-    through the same reversibility protocol; :func:`~lacuna_unlearn.bench.reversibility.judge_positive_control` reads
-    whether the attack is strong enough to tell erasure from suppression."""
+    """The relearning attack's two controls for one seed (docs/report.md "Controls of the relearning attack"): the
+    negative control (:func:`~lacuna_unlearn.bench.reversibility.negative_control`: learning from scratch at the same
+    budget) and the positive control, a method that only hides the answer (JensUn's refusal objective confined to
+    the last, never masked layer) through the same reversibility protocol, judged against the negative control by
+    :func:`~lacuna_unlearn.bench.reversibility.judge_positive_control`."""
+    people = (baseline.get("behaviour") or {}).get("n", {}).get("forget_leak") or 1
+    negative = negative_control(stages, cfg, ctx, field, seed, int(people))
     overrides = [f"restrict={last_block_regex(ctx['testbed'] / 'model')}"]
-    entry = method_entry(
-        stages, cfg, ctx, field, "jensun", overrides, seed, field_out["baseline"], label=POSITIVE_CONTROL, control=True
+    label = POSITIVE_CONTROL if seed == int(cfg["seed"]) else f"{POSITIVE_CONTROL} (seed {seed})"
+    entry = method_entry(stages, cfg, ctx, field, "jensun", overrides, seed, baseline, label=label, control=True)
+    positive = judge_positive_control(
+        entry, overrides, baseline, negative, min_suppression=float(cfg["reversibility"]["min_suppression"])
     )
-    return judge_positive_control(entry, overrides, field_out["methods"])
+    return {"positive": positive, "negative": negative}
 
 
 def _verdict_null(calibrated: dict[str, Any]) -> dict[str, Any] | None:

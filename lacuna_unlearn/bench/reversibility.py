@@ -13,7 +13,16 @@ from lacuna_unlearn.bench.behaviour import behaviour, eval_stage
 from lacuna_unlearn.bench.run_config import POSITIVE_CONTROL
 from lacuna_unlearn.bench.stages import Stages
 
-__all__ = ["judge_positive_control", "last_block_regex", "regime", "relearned_rates", "reversibility"]
+__all__ = [
+    "apply_controls",
+    "judge_positive_control",
+    "last_block_regex",
+    "negative_control",
+    "regime",
+    "relearned_rates",
+    "relearned_separation",
+    "reversibility",
+]
 
 
 def regime(
@@ -46,6 +55,56 @@ def relearned_rates(rel: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
+def _relearn(
+    stages: Stages,
+    cfg: Mapping[str, Any],
+    ctx: Mapping[str, Any],
+    field: str,
+    label: str,
+    model: Path,
+    model_key: str,
+    seed: int,
+    source: str,
+    *,
+    data: Path | None = None,
+    data_key: str | None = None,
+    tasks: list[str] | None = None,
+) -> dict[str, Any]:
+    """Restricted relearning of ``model`` from ``source`` (|D_f| rows of ``data``, default the testbed's), then its
+    behaviour on ``tasks`` (default forget and retain QA): one relearn stage and one evaluation stage, cached."""
+    from hydra import compose, initialize_config_module
+
+    from lacuna_unlearn.trainer.app import run as unlearn_run
+
+    rcfg = cfg["reversibility"]
+    testbed = ctx["testbed"]
+    data = data or ctx["data"]
+    qa = tasks or [f"lacuna_{field}_forget_qa", f"lacuna_{field}_retain_qa"]
+    overrides = [
+        "attack=relearn_restricted", f"field={field}", f"seed={seed}", f"source={source}",
+        f"trainer.args.learning_rate={float(rcfg['learning_rate'])}",
+        f"trainer.args.num_train_epochs={int(rcfg['epochs'])}",
+    ]  # fmt: skip
+    where = [f"testbed={testbed}"] if data_key is None else [f"data={data}"]
+
+    def build(tmp: Path) -> None:
+        with initialize_config_module(config_module="lacuna_unlearn.configs", version_base="1.3"):
+            hcfg = compose(
+                config_name="unlearn", overrides=[*overrides, *where, f"model={model}", f"output_dir={tmp / 'model'}"]
+            )
+        unlearn_run(hcfg)
+
+    key: dict[str, Any] = {"model": model_key, "overrides": overrides}
+    if data_key is not None:  # another dataset than the testbed's: its stage names it
+        key["data"] = data_key
+    stage = stages.get("relearn", f"[{field}] relearn {label} from {source}", key, build)
+    evaluated, persons = eval_stage(
+        stages, f"[{field}] evaluate {label} relearned from {source}", stage / "model", {"relearn": stage.name},
+        qa, data, cfg,
+    )  # fmt: skip
+    return behaviour(evaluated, field, data, persons, seed=seed)
+
+
 def reversibility(
     stages: Stages,
     cfg: Mapping[str, Any],
@@ -61,38 +120,12 @@ def reversibility(
     """Restricted relearning (docs/definitions.md#restricted-relearning) of one unlearned model from each source, |D_f|
     rows each, then forget and retain QA; the regime is the one of the source that brings the forget leak back closest
     to the original (the smallest gap Δr: a method is as reversible as its easiest way back). Per source: the relearned
-    rates with n and intervals, and that source's regime."""
-    from hydra import compose, initialize_config_module
-
-    from lacuna_unlearn.trainer.app import run as unlearn_run
-
+    rates with n and intervals, and that source's regime. The controls (:func:`apply_controls`) are applied later,
+    once both have run for this seed."""
     rcfg = cfg["reversibility"]
-    testbed, data = ctx["testbed"], ctx["data"]
-    qa = [f"lacuna_{field}_forget_qa", f"lacuna_{field}_retain_qa"]
     per_source: dict[str, Any] = {}
     for source in rcfg["sources"]:
-        overrides = [
-            "attack=relearn_restricted", f"field={field}", f"seed={seed}", f"source={source}",
-            f"trainer.args.learning_rate={float(rcfg['learning_rate'])}",
-            f"trainer.args.num_train_epochs={int(rcfg['epochs'])}",
-        ]  # fmt: skip
-
-        def build(tmp: Path, overrides: list[str] = overrides) -> None:
-            with initialize_config_module(config_module="lacuna_unlearn.configs", version_base="1.3"):
-                hcfg = compose(
-                    config_name="unlearn",
-                    overrides=[*overrides, f"model={model}", f"testbed={testbed}", f"output_dir={tmp / 'model'}"],
-                )
-            unlearn_run(hcfg)
-
-        stage = stages.get(
-            "relearn", f"[{field}] relearn {label} from {source}", {"model": model_key, "overrides": overrides}, build
-        )
-        evaluated, persons = eval_stage(
-            stages, f"[{field}] evaluate {label} relearned from {source}", stage / "model", {"relearn": stage.name},
-            qa, data, cfg,
-        )  # fmt: skip
-        rel = behaviour(evaluated, field, data, persons, seed=seed)
+        rel = _relearn(stages, cfg, ctx, field, label, model, model_key, seed, source)
         per_source[source] = {
             **relearned_rates(rel),
             "regime": regime(cfg, baseline["behaviour"], entry["behaviour"], rel),
@@ -110,15 +143,98 @@ def reversibility(
     }
 
 
-def judge_positive_control(
-    entry: Mapping[str, Any], overrides: list[str], methods: Mapping[str, dict[str, Any]]
+def negative_control(
+    stages: Stages, cfg: Mapping[str, Any], ctx: Mapping[str, Any], field: str, seed: int, people: int
 ) -> dict[str, Any]:
-    """The positive control's results entry from its method ``entry`` (unlearned with ``overrides``). It must come
-    out reversible; if it does not, the attack is too weak to tell erasure from suppression, and every method in
-    ``methods`` with a reversibility result gets the regime ``undetermined`` (with the reason), in place."""
+    """How much the relearning budget teaches from scratch: the testbed's model (before unlearning) relearned, with
+    the same restricted protocol (forget source, |D_f| rows, same learning rate and epochs), on ``people`` people it
+    never saw (a dataset generated with a seed of its own, one QA row per person as the forget split), then asked
+    their facts. Its leak before relearning shows the model did not know them."""
+    from lacuna_tasks import generate_dataset, stable_seed
+
+    gen_seed = stable_seed("negative-control", ctx["tb_key"], field, seed) % (2**31)
+
+    def build_data(tmp: Path) -> None:
+        generate_dataset(
+            tmp / "data", profiles=max(60, 12 * people), seed=gen_seed, people_per_field=people, validation_people=1
+        )
+
+    d_stage = stages.get(
+        "data", f"[{field}] negative control: {people} people the model never saw", {"seed": gen_seed,
+        "people": people, "field": field}, build_data,
+    )  # fmt: skip
+    data = d_stage / "data"
+    model = ctx["testbed"] / "model"
+    forget_qa = [f"lacuna_{field}_forget_qa"]
+    before_eval, before_persons = eval_stage(
+        stages, f"[{field}] evaluate the testbed model on the negative control's people", model,
+        {"testbed": ctx["tb_key"], "data": d_stage.name}, forget_qa, data, cfg,
+    )  # fmt: skip
+    before = behaviour(before_eval, field, data, before_persons, seed=seed)
+    rel = _relearn(
+        stages, cfg, ctx, field, "the testbed model on unseen people", model, ctx["tb_key"], seed, "forget",
+        data=data, data_key=d_stage.name, tasks=forget_qa,
+    )  # fmt: skip
+    return {
+        "name": "learn_from_scratch",
+        "what": "the testbed's model relearned on people it never saw, same restricted protocol and budget",
+        "people": people,
+        "data_seed": gen_seed,
+        "before": {"forget_leak": before["forget_leak"], "n": before["n"]["forget_leak"]},
+        "relearned": {"forget_leak": rel["forget_leak"], "n": rel["n"]["forget_leak"], "ci": rel["ci"]["forget_leak"]},
+    }
+
+
+def _count(rate: float | None, n: int | None) -> tuple[int, int] | None:
+    """``(k, n)`` of a rate over persons."""
+    if rate is None or not n:
+        return None
+    return int(round(float(rate) * int(n))), int(n)
+
+
+def relearned_separation(reversibility_result: Mapping[str, Any], negative: Mapping[str, Any]) -> dict[str, Any] | None:
+    """Whether the relearned forget leak of the regime's source exceeds the negative control's beyond their interval
+    (:func:`lacuna_metrics.leak_separation`); None when either count is unknown."""
+    from lacuna_metrics import leak_separation
+
+    source = (reversibility_result.get("regime") or {}).get("source")
+    entry = (reversibility_result.get("sources") or {}).get(source) or {}
+    mine = _count(entry.get("forget_leak"), (entry.get("n") or {}).get("forget_leak"))
+    theirs = _count((negative.get("relearned") or {}).get("forget_leak"), (negative.get("relearned") or {}).get("n"))
+    if mine is None or theirs is None:
+        return None
+    return leak_separation(mine[0], mine[1], theirs[0], theirs[1])
+
+
+def judge_positive_control(
+    entry: Mapping[str, Any],
+    overrides: list[str],
+    baseline: Mapping[str, Any],
+    negative: Mapping[str, Any],
+    *,
+    min_suppression: float = 0.8,
+) -> dict[str, Any]:
+    """The positive control's verdict from its method ``entry`` (unlearned with ``overrides``): it must silence at
+    least ``min_suppression`` of the forget facts that leaked before unlearning (the same QA probe), come out
+    reversible, and its relearned leak must exceed the negative control's beyond their interval. Otherwise the
+    attack cannot tell suppression from erasure, or relearning from learning afresh (``attack_strong_enough``
+    false, with the reason)."""
     control_regime = entry["regime"]
-    suppressed = control_regime.get("regime") != "no_forgetting"
-    ok = suppressed and control_regime.get("reversible") is True
+    before = (baseline.get("behaviour") or {}).get("forget_leak")
+    after = (entry.get("behaviour") or {}).get("forget_leak")
+    silenced = (before - after) / before if before and after is not None else None
+    separation = relearned_separation(entry["reversibility"], negative)
+    reasons = []
+    if silenced is None or silenced < min_suppression:
+        share = "nothing" if silenced is None else f"{silenced:.0%}"
+        reasons.append(f"the positive control silenced {share} of the forget facts (needs {min_suppression:.0%})")
+    if control_regime.get("reversible") is not True:
+        reasons.append("the relearning attack did not restore the positive control (output suppression only)")
+    if separation is None or not separation["separated"]:
+        reasons.append(
+            "the positive control's relearned leak does not exceed the negative control's (learning from scratch) "
+            "beyond their interval"
+        )
     out = {
         "name": POSITIVE_CONTROL,
         "method": "jensun",
@@ -126,20 +242,40 @@ def judge_positive_control(
         "behaviour": entry["behaviour"],
         "reversibility": entry["reversibility"],
         "regime": control_regime,
-        "attack_strong_enough": ok,
+        "silenced": silenced,
+        "min_suppression": min_suppression,
+        "separation_from_negative": separation,
+        "attack_strong_enough": not reasons,
     }
-    if not ok:
-        why = (
-            "the positive control (output suppression in the last layer) did not lower the forget leak"
-            if not suppressed
-            else "the relearning attack did not restore the positive control (output suppression only), so it "
-            "cannot tell suppression from erasure"
-        )
-        out["reason"] = why
-        for method in methods.values():
-            if "reversibility" in method:
-                method["regime"] = {**method["regime"], "regime": "undetermined", "reversible": None, "reason": why}
+    if reasons:
+        out["reason"] = "; ".join(reasons) + ": the attack is too weak to read regimes"
     return out
+
+
+def apply_controls(
+    entry: dict[str, Any], positive: Mapping[str, Any] | None, negative: Mapping[str, Any] | None
+) -> None:
+    """The controls' verdict on one method entry of the same seed, in place: with a failed positive control the
+    regime is ``undetermined`` (with the reason); a reversible verdict stands only when the method's relearned leak
+    exceeds the negative control's beyond their interval, else it is ``undetermined`` too (recovery that learning
+    from scratch explains). ``regime.controls`` records what was checked."""
+    if "reversibility" not in entry or positive is None or negative is None:
+        return
+    regime_entry = dict(entry["regime"])
+    separation = relearned_separation(entry["reversibility"], negative)
+    regime_entry["controls"] = {
+        "positive_passed": bool(positive.get("attack_strong_enough")),
+        "separation_from_negative": separation,
+    }
+    if not positive.get("attack_strong_enough"):
+        regime_entry.update(regime="undetermined", reversible=None, ideal=False, reason=positive.get("reason"))
+    elif regime_entry.get("reversible") is True and not (separation or {}).get("separated"):
+        regime_entry.update(
+            regime="undetermined", reversible=None, ideal=False,
+            reason="the relearned leak does not exceed the negative control's (learning from scratch) beyond their "
+            "interval: relearning cannot be told from learning afresh",
+        )  # fmt: skip
+    entry["regime"] = regime_entry
 
 
 def last_block_regex(model_dir: Path) -> str:

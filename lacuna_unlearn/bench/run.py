@@ -29,8 +29,9 @@ from typing import Any
 from lacuna_metrics import schema_stamp
 from lacuna_tasks import NEUTRAL_HELDOUT_FILE, NEUTRAL_PPL_TASK
 from lacuna_unlearn.bench.behaviour import behaviour, eval_stage
-from lacuna_unlearn.bench.method_stages import method_entry, positive_control
+from lacuna_unlearn.bench.method_stages import controls, method_entry
 from lacuna_unlearn.bench.metric_table import BEHAVIOUR_METRICS
+from lacuna_unlearn.bench.reversibility import apply_controls
 from lacuna_unlearn.bench.run_config import (  # noqa: F401  (re-exported: the pipeline's config)
     DEFAULT_RUN,
     POSITIVE_CONTROL,
@@ -144,12 +145,19 @@ def _run_locked(out: Path, cfg: dict[str, Any], log: Callable[[str], None]) -> d
         base_behaviour = behaviour(base_eval[0], field, data, base_eval[1], seed=seed)
         field_out: dict[str, Any] = {"baseline": {"behaviour": base_behaviour}, "methods": {}}
         ctx = {"testbed": testbed, "tb_key": tb_key, "data": data, "group": group}
+        # the relearning attack's controls, in every seed: a regime is read only where they allow it
+        with_controls = cfg["reversibility"]["enabled"] and cfg["reversibility"]["positive_control"]
+        checks = (
+            {s: controls(stages, cfg, ctx, field, s, field_out["baseline"]) for s in seeds} if with_controls else {}
+        )
         for name, extra in cfg["methods"].items():
             runs = {
                 s: method_entry(stages, cfg, ctx, field, name, list(extra or []), s, field_out["baseline"])
                 for s in seeds
             }
-            for run_entry in runs.values():
+            for s, run_entry in runs.items():
+                if s in checks:
+                    apply_controls(run_entry, checks[s]["positive"], checks[s]["negative"])
                 baseline_auc = run_entry.pop("baseline_auc", None)
                 if baseline_auc is not None:
                     results.setdefault("baseline_auc", baseline_auc)
@@ -157,8 +165,19 @@ def _run_locked(out: Path, cfg: dict[str, Any], log: Callable[[str], None]) -> d
             if len(seeds) > 1:
                 entry["across_seeds"] = across_seeds(runs)
             field_out["methods"][name] = entry
-        if cfg["reversibility"]["enabled"] and cfg["reversibility"]["positive_control"]:
-            field_out["positive_control"] = positive_control(stages, cfg, ctx, field, seeds[0], field_out)
+        if checks:
+            field_out["positive_control"] = checks[seeds[0]]["positive"]
+            field_out["negative_control"] = checks[seeds[0]]["negative"]
+            if len(seeds) > 1:
+                field_out["controls_by_seed"] = {
+                    str(s): {
+                        "positive_passed": c["positive"]["attack_strong_enough"],
+                        "reason": c["positive"].get("reason"),
+                        "silenced": c["positive"]["silenced"],
+                        "negative_relearned_leak": c["negative"]["relearned"]["forget_leak"],
+                    }
+                    for s, c in checks.items()
+                }
         by_field[field] = field_out
 
     first = by_field[cfg["fields"][0]]

@@ -113,14 +113,18 @@ class RegimeConfig:
 @dataclass
 class ReversibilityConfig:
     """Restricted relearning (docs/definitions.md#restricted-relearning, docs/report.md "Regime"): |D_f| rows from
-    each source; the regime is read from the source that recovers most. The positive control (output suppression
-    only) must come out reversible."""
+    each source; the regime is read from the source that recovers most. Two controls per seed (docs/report.md
+    "Controls of the relearning attack"): the positive control (output suppression only) must silence at least
+    ``min_suppression`` of the forget facts and come back beyond the negative control, the testbed's model taught
+    people it never saw at the same budget (learning from scratch); a method is reversible only where its relearned
+    leak exceeds the negative control's beyond their interval."""
 
     enabled: bool = True
     sources: list[str] = field(default_factory=lambda: list(RELEARN_SOURCES))
     learning_rate: float = 1e-3
     epochs: int = 5
     positive_control: bool = True
+    min_suppression: float = 0.8
 
 
 @dataclass
@@ -253,6 +257,7 @@ def validate_run_config(cfg: Mapping[str, Any]) -> None:
         ("regime", "tau_rev"): (0.0, 1.0),
         ("regime", "tau_cat"): (0.0, 1.0),
         ("regime", "tau_ppl"): (1.0, 1e12),
+        ("reversibility", "min_suppression"): (0.0, 1.0),
     }
     #: settings whose ends are excluded: a tolerance of 0 or 0.5 and a threshold of 0 or 1 make every case alike
     open_ends = {("score", "null_tolerance"), ("regime", "tau_rev"), ("regime", "tau_cat"), ("regime", "tau_ppl")}

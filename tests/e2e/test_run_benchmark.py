@@ -149,10 +149,18 @@ def test_run_writes_schema_report_and_plots_then_caches(smoke_testbed, tmp_path)
     control = on_disk["by_field"]["email"]["positive_control"]
     assert control["overrides"] == ["restrict='regex:^model\\.layers\\.3\\.'"]  # the smoke model's last layer
     assert isinstance(control["attack_strong_enough"], bool)
+    negative = on_disk["by_field"]["email"]["negative_control"]  # learning from scratch at the same budget
+    people = on_disk["baseline"]["behaviour"]["n"]["forget_leak"]
+    assert negative["people"] == people and negative["relearned"]["n"] == negative["before"]["n"] == people
+    assert negative["before"]["forget_leak"] == 0.0  # the testbed's model never saw these people
     if not control["attack_strong_enough"]:  # then no method may be labelled
         assert all(m["regime"]["regime"] == "undetermined" for m in on_disk["methods"].values())
     else:
-        assert control["regime"]["reversible"] is True
+        assert control["regime"]["reversible"] is True and control["silenced"] >= 0.8
+        assert control["separation_from_negative"]["separated"]
+        for m in on_disk["methods"].values():  # reversible only beyond learning from scratch
+            if m["regime"].get("reversible") is True:
+                assert m["regime"]["controls"]["separation_from_negative"]["separated"]
     assert on_disk["baseline"]["auc"]["forget"]["before_magnitude"] is not None
     report = (tmp_path / "run" / "report.md").read_text()
     assert "| oracle_grad |" in report and "trivial detector" in report and "## Reading this table" in report

@@ -234,11 +234,31 @@ def _control_note(entry: dict[str, Any]) -> list[str]:
         return []
     rev = control.get("reversibility") or {}
     setting = f"lr {rev.get('learning_rate')}, {rev.get('epochs')} epochs, |D_f| rows from {', '.join(rev.get('sources') or [])}"
+    lines = []
+    negative = entry.get("negative_control")
+    if negative:
+        before, after = negative.get("before") or {}, negative.get("relearned") or {}
+        lines += [f"Negative control (learning from scratch): the testbed's model taught {negative.get('people')} "
+                  f"people it never saw, with the same relearning budget, leaks {_fraction(after)} of them after "
+                  f"relearning ({_fraction(before)} before); a method is reversible only where its relearned leak "
+                  "exceeds this beyond their interval.", ""]  # fmt: skip
+    silenced = control.get("silenced")
+    share = "" if silenced is None else f", silencing {silenced:.0%} of the forget facts"
     if control.get("attack_strong_enough"):
-        return [f"Positive control passed: output suppression alone comes out reversible under restricted relearning "
-                f"({setting}), so the protocol can tell suppression from erasure.", ""]  # fmt: skip
-    return [f"**Positive control failed**: {control.get('reason', 'see results.json')} ({setting}). Regimes are "
-            "reported as `undetermined`; raise `reversibility.learning_rate` or `reversibility.epochs`.", ""]  # fmt: skip
+        return [*lines, f"Positive control passed: output suppression alone{share} comes out reversible under restricted "
+                f"relearning ({setting}) and beyond the negative control, so the protocol can tell suppression from "
+                "erasure.", ""]  # fmt: skip
+    return [*lines, f"**Positive control failed**: {control.get('reason', 'see results.json')} ({setting}). No regime "
+            "is read: every regime (per seed too) is `undetermined`; raise `reversibility.learning_rate` or "
+            "`reversibility.epochs`.", ""]  # fmt: skip
+
+
+def _fraction(rate: dict[str, Any]) -> str:
+    """``k/n`` of a rate over persons (``n/a`` when unknown)."""
+    value, n = rate.get("forget_leak"), rate.get("n")
+    if value is None or not n:
+        return "n/a"
+    return f"{round(value * n)}/{n}"
 
 
 def _regime_note(regime: dict[str, Any]) -> str:

@@ -197,3 +197,26 @@ def test_cli_reversibility_from_lm_eval_results(tmp_path, capsys):
     assert result["accuracies"]["relearned"] == {"forget": 0.8, "retain (trained on; not read)": 0.9}
     code = main(["reversibility", "--original", str(tmp_path / "nope.json"), "--unlearned", "u", "--relearned", "r"])
     assert code == 2 and "nope.json" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("k", "n"), [(0, 1), (1, 1), (0, 5), (3, 5), (5, 5), (81, 263), (7, 20)])
+def test_wilson_interval_matches_scipy(k, n):
+    from scipy.stats import binomtest
+
+    from lacuna_metrics.behaviour.regimes import wilson_interval
+
+    ref = binomtest(k, n).proportion_ci(confidence_level=0.95, method="wilson")
+    assert wilson_interval(k, n) == pytest.approx((ref.low, ref.high), abs=1e-12)
+
+
+def test_leak_separation_is_newcombes_hybrid_score_interval():
+    from lacuna_metrics.behaviour.regimes import leak_separation
+
+    # Newcombe (1998), Table II, example (a): 56/70 - 48/80, method 10: 0.0524 to 0.3339
+    out = leak_separation(56, 70, 48, 80)
+    assert out["interval"] == pytest.approx([0.0524, 0.3339], abs=5e-5) and out["separated"]
+    # n = 5 people: 3 of 5 back against 0 of 5 learned from scratch barely separates, 2 of 5 does not
+    assert leak_separation(3, 5, 0, 5)["separated"] and not leak_separation(2, 5, 0, 5)["separated"]
+    assert not leak_separation(5, 5, 5, 5)["separated"]  # the budget teaches everything: nothing to tell apart
+    with pytest.raises(ValueError, match="k <= n"):
+        leak_separation(6, 5, 0, 5)
