@@ -271,8 +271,15 @@ def trajectory(
             f"[{field}] raw AUC {label} at step {step}",
             {**key, "testbed": tb_key, "scores": ["raw"]},
             lambda tmp, snap=snap: score_to_dir(
-                tmp / "score", plots=False, after=snap, testbed=testbed, frag=False, config=loc, progress=False
-            ),
+                tmp / "score",
+                plots=False,
+                after=snap,
+                testbed=testbed,
+                frag=False,
+                null=False,
+                config=loc,
+                progress=False,
+            ),  # the curve reads the raw AUC only: no null calibration per snapshot
         )
         score = json.loads((s_stage / "score" / "score.json").read_text())
         curve.append(
