@@ -151,6 +151,9 @@ class Subject:
     base: tuple[str, ...] = ()  # where the subject lives in ``document.root`` (relative dotted paths)
     notes: list[str] = dataclasses.field(default_factory=list)
     checkpoint: dict[str, Any] | None = None  # the checkpoint it describes (path, fingerprint, verification)
+    # a further unlearning seed of a multi-seed run: only its metric keys are known (dotted paths read the file,
+    # which holds the first seed's entry)
+    seed: int | None = None
 
 
 @dataclass(frozen=True)
@@ -288,7 +291,7 @@ def evaluate(subjects: Sequence[Subject], criteria: Sequence[Criterion]) -> list
             continue
         segments = c.metric.split(".")
         for doc in documents:
-            members = [s for s in subjects if s.document is doc]
+            members = [s for s in subjects if s.document is doc and s.seed is None]
             root = doc.root
             if doc.kind == "run" and segments[0] == "methods" and len(segments) > 1:
                 # one verdict per subject of that method: on a run over several fields, one per field

@@ -201,7 +201,29 @@ def _run_subjects(path: Path, doc: dict[str, Any], methods: Sequence[str] | None
             record = _run_method_identity(path, name, method)
             label = name if len(by_field) == 1 else f"{run_field}/{name}"
             subjects.append(Subject(label, document, metrics, (*location, name), list(notes), checkpoint=record))
+            subjects += _seed_subjects(label, document, method, (*location, name), notes)
     return subjects
+
+
+def _seed_subjects(
+    label: str, document: Document, method: Mapping[str, Any], base: tuple[str, ...], notes: Sequence[str]
+) -> list[Subject]:
+    """One more subject per further unlearning seed of a multi-seed run (``NAME [seed S]``), read from the entry's
+    ``across_seeds`` values: every seed is gated, not only the first (whose numbers are the entry's own). A metric
+    the run did not summarise across seeds is absent for those subjects, so a criterion on it reads MISSING."""
+    across = method.get("across_seeds")
+    if not isinstance(across, Mapping) or len(across.get("seeds") or []) < 2:
+        return []
+    values = across.get("metrics") or {}
+    out = []
+    for i, seed in enumerate(across["seeds"][1:], start=1):
+        metrics: dict[str, Any] = {}
+        for key, dotted in _RUN_METRICS.items():
+            summary = values.get(dotted) or values.get(dotted.removesuffix(".value"))
+            if isinstance(summary, Mapping) and len(summary.get("values") or []) > i:
+                metrics[key] = summary["values"][i]
+        out.append(Subject(f"{label} [seed {seed}]", document, metrics, base, list(notes), seed=int(seed)))
+    return out
 
 
 def _lm_eval_subject(

@@ -574,3 +574,32 @@ def test_a_check_on_methods_name_reads_every_field_of_the_run(tmp_path, capsys):
     assert "email/oracle_grad" in out and "phone/oracle_grad" in out and "birth_city/oracle_grad" in out
     assert gate(path, "--field", "email", "--check", "methods.oracle_grad.behaviour.forget_leak<=0.1") == 0
     assert gate(path, "--check", "methods.nonesuch.behaviour.forget_leak<=0.1") == 1  # missing, not passed
+
+
+def test_every_seed_of_a_multi_seed_run_is_gated(tmp_path, capsys):
+    """Only the first of ``--seeds`` was gated (issue 37 item 4): a second seed that leaked 0.9 passed. Each further
+    seed is now a subject of its own, read from ``across_seeds``; a metric not summarised there reads MISSING."""
+    entry = method(0.05, 0.9, 0.92)
+    entry["across_seeds"] = {
+        "seeds": [1, 2, 3],
+        "metrics": {
+            "behaviour.forget_leak": {"mean": 0.33, "sd": 0.5, "values": [0.05, 0.9, 0.05]},
+            "auc.forget.calibrated_best": {"mean": 0.9, "sd": 0.01, "values": [0.92, 0.91, 0.9]},
+        },
+        "regimes": ["x", "y", "z"],
+    }
+    path = run_results(tmp_path, {"oracle_grad": entry})
+    json_out = tmp_path / "gate.json"
+    assert gate(path, "--max-leak", "0.1", "--min-auc", "0.85", "--json", json_out) == 1
+    status = {(v["subject"], v["criterion"]): v["status"] for v in json.loads(json_out.read_text())["verdicts"]}
+    assert status == {
+        ("oracle_grad", "max-leak"): PASS,
+        ("oracle_grad [seed 2]", "max-leak"): FAIL,  # the seed the old gate never read
+        ("oracle_grad [seed 3]", "max-leak"): PASS,
+        ("oracle_grad", "min-auc"): PASS,
+        ("oracle_grad [seed 2]", "min-auc"): PASS,
+        ("oracle_grad [seed 3]", "min-auc"): PASS,
+    }
+    assert gate(path, "--min-retain", "0.5") == 1  # not summarised across seeds: MISSING for seeds 2 and 3
+    assert "MISSING" in capsys.readouterr().out
+    assert gate(path, "--check", "methods.oracle_grad.behaviour.forget_leak<=0.1") == 0  # dotted: the file's entry
