@@ -19,6 +19,7 @@ from lacuna_unlearn.bench.reversibility import (
 )
 from lacuna_unlearn.bench.run_config import POSITIVE_CONTROL
 from lacuna_unlearn.bench.stages import Stages, output_key
+from lacuna_unlearn.bench.stopping import stopping_point
 
 __all__ = ["controls", "method_entry", "trajectory"]
 
@@ -64,12 +65,31 @@ def method_entry(
         unlearn_run(hcfg)
 
     u_stage = stages.get("unlearn", f"[{field}] unlearn {display}", u_inputs, build_unlearn)
-    model = u_stage / "model"
-    u_key = output_key(u_stage)  # downstream stages key on the unlearned model's content
+    model = end_model = u_stage / "model"
+    u_key = end_key = output_key(u_stage)  # downstream stages key on the unlearned model's content
+    manifest = json.loads((model / "unlearn_manifest.json").read_text())
+    stopping = None
+    if cfg["stopping"]["enabled"] and not control and name not in EDITORS:
+        # the headline reads the method at a step chosen on validation people; the full schedule stays as an ablation
+        stopping = stopping_point(stages, cfg, ctx, field, overrides, seed, display)
+        total = int(manifest.get("scheduled_steps") or manifest["steps"])
+        step = min(total, max(1, round(stopping["fraction"] * total)))
+        stopping.update(forget_steps=total, chosen_step=step)
+        if step < total:
+            s_overrides = [o for o in overrides if not o.startswith("trainer.args.snapshots=")]
+            s_overrides.append(f"trainer.args.stop_at_step={step}")
+            s_inputs = {"testbed": tb_key, "overrides": [o for o in s_overrides if not o.startswith("testbed=")]}
+            s_stage = stages.get(
+                "unlearn", f"[{field}] unlearn {display} to step {step}", s_inputs,
+                lambda tmp: build_unlearn(tmp, s_overrides),
+            )  # fmt: skip
+            model, u_key = s_stage / "model", output_key(s_stage)
+            manifest = json.loads((model / "unlearn_manifest.json").read_text())
     entry: dict[str, Any] = {"overrides": extra, "model": str(model)}
+    if stopping is not None:
+        entry["stopping"] = stopping
     # the checkpoint this entry describes; lacuna gate checks it against the score's `after`
     entry["checkpoint"] = {"path": str(model.resolve()), "fingerprint": Checkpoint(model).fingerprint()}
-    manifest = json.loads((model / "unlearn_manifest.json").read_text())
     entry["unlearn_seconds"] = manifest.get("wall_seconds")
     evaluated, per_person = eval_stage(
         stages, f"[{field}] evaluate {display}", model, {"model": u_key}, group, data, cfg
@@ -80,8 +100,23 @@ def method_entry(
         entry["behaviour"].get("neutral_word_perplexity"),
         (baseline.get("behaviour") or {}).get("neutral_word_perplexity"),
     )
+    if stopping is not None and end_model != model:  # the end of the shared schedule: a labelled ablation
+        end_eval, end_persons = eval_stage(
+            stages, f"[{field}] evaluate {display} at the end of the schedule", end_model, {"model": end_key}, group,
+            data, cfg,
+        )  # fmt: skip
+        end_behaviour = behaviour(end_eval, field, data, end_persons, seed=seed)
+        end_behaviour["neutral_ppl_ratio"] = word_perplexity_ratio(
+            end_behaviour.get("neutral_word_perplexity"),
+            (baseline.get("behaviour") or {}).get("neutral_word_perplexity"),
+        )
+        entry["end_of_schedule"] = {
+            "steps": stopping["forget_steps"],
+            "model": str(end_model),
+            "behaviour": end_behaviour,
+        }
     if with_trajectory:
-        entry["trajectory"] = trajectory(stages, cfg, ctx, field, display, model, u_key, seed)
+        entry["trajectory"] = trajectory(stages, cfg, ctx, field, display, end_model, end_key, seed)
     if cfg["score"]["enabled"] and not control:
         entry.update(_score(stages, cfg, ctx, field, display, model, u_key, seed, manifest))
     if cfg["attack"]["enabled"] and not control:

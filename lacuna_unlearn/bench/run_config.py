@@ -96,6 +96,19 @@ class AttackConfig:
 
 
 @dataclass
+class StoppingConfig:
+    """Stopping points chosen on validation people (lacuna_unlearn/bench/stopping.py, docs/report.md "Stopping
+    points"): the first step at which the validation people's ``metric`` is at most ``threshold``, from ``points``
+    log-spaced snapshots refined to within ``resolution`` of the schedule (or one step)."""
+
+    enabled: bool = True
+    metric: str = "j_w"  # j_w (worst case over paraphrases and in-context prompts) or forget_leak (plain QA)
+    threshold: float = 0.1
+    points: int = 8
+    resolution: float = 0.1
+
+
+@dataclass
 class RegimeConfig:
     """Thresholds of the forgetting regime (docs/definitions.md#forgetting-regimes)."""
 
@@ -152,6 +165,7 @@ class RunConfig:
     eval: EvalConfig = field(default_factory=EvalConfig)
     score: ScoreConfig = field(default_factory=ScoreConfig)
     attack: AttackConfig = field(default_factory=AttackConfig)
+    stopping: StoppingConfig = field(default_factory=StoppingConfig)
     regime: RegimeConfig = field(default_factory=RegimeConfig)
     reversibility: ReversibilityConfig = field(default_factory=ReversibilityConfig)
     trajectory: TrajectoryConfig = field(default_factory=TrajectoryConfig)
@@ -257,6 +271,9 @@ def validate_run_config(cfg: Mapping[str, Any]) -> None:
         ("regime", "tau_rev"): (0.0, 1.0),
         ("regime", "tau_cat"): (0.0, 1.0),
         ("regime", "tau_ppl"): (1.0, 1e12),
+        ("stopping", "threshold"): (0.0, 1.0),
+        ("stopping", "points"): (2, 1000),
+        ("stopping", "resolution"): (0.0, 1.0),
         ("reversibility", "min_suppression"): (0.0, 1.0),
     }
     #: settings whose ends are excluded: a tolerance of 0 or 0.5 and a threshold of 0 or 1 make every case alike
@@ -279,6 +296,16 @@ def validate_run_config(cfg: Mapping[str, Any]) -> None:
             raise ValueError(f"run config: {'.'.join(path)} must be in ({low}, {high}), got {value!r}")
         if not low <= value <= high:
             raise ValueError(f"run config: {'.'.join(path)} must be in [{low}, {high}], got {value!r}")
+    stop = cfg["stopping"]
+    stop_tasks = {"j_w": "forget_worstcase", "forget_leak": "forget_qa"}  # lacuna_unlearn.bench.stopping.STOP_METRICS
+    if stop["metric"] not in stop_tasks:
+        raise ValueError(f"run config: stopping.metric must be one of {list(stop_tasks)}, got {stop['metric']!r}")
+    tasks = cfg["eval"].get("tasks")
+    if stop["enabled"] and tasks is not None and stop_tasks[stop["metric"]] not in tasks:
+        raise ValueError(
+            f"run config: stopping.metric={stop['metric']} needs the {stop_tasks[stop['metric']]} task, which "
+            f"eval.tasks leaves out ({tasks}); set stopping.metric=forget_leak or add the task"
+        )
     if cfg["regime"]["rule"] not in ("absolute", "relative"):
         raise ValueError(f"run config: regime.rule must be 'absolute' or 'relative', got {cfg['regime']['rule']!r}")
     rev = cfg["reversibility"]

@@ -126,7 +126,14 @@ def _run(cfg: Any) -> Path:
 
 #: ``trainer.args`` that count things (the others that default to numbers accept any number).
 _INTEGER_ARGS = frozenset(
-    {"per_device_train_batch_size", "gradient_accumulation_steps", "max_steps", "max_length", "snapshots"}
+    {
+        "per_device_train_batch_size",
+        "gradient_accumulation_steps",
+        "max_steps",
+        "max_length",
+        "snapshots",
+        "stop_at_step",
+    }
 )
 
 

@@ -117,21 +117,62 @@ class UnlearnTrainer(Trainer):
         return (loss, {}) if return_outputs else loss  # {}: no logits for Trainer.prediction_step
 
 
-class SnapshotCallback(TrainerCallback):
-    """Saves the model at ``count`` evenly spaced optimizer steps (the last one included) under ``root/step-N``, so
-    a method can be read at matched forgetting instead of at the end of an arbitrary schedule (docs/report.md)."""
+#: How snapshot steps are spread over a schedule (``trainer.args.snapshot_spacing``).
+SNAPSHOT_SPACINGS = ("linear", "log")
 
-    def __init__(self, count: int, save: Callable[[Path], None], root: Path) -> None:
-        self.count, self.save, self.root = count, save, root
+
+def snapshot_steps(total: int, count: int, spacing: str = "linear", extra: Sequence[int] = ()) -> list[int]:
+    """The optimizer steps a schedule of ``total`` steps keeps: ``count`` of them evenly spaced (``linear``) or
+    geometrically spaced from step 1 (``log``: dense early, where a forget leak falls), the last step included, plus
+    the ``extra`` steps within the schedule."""
+    if spacing not in SNAPSHOT_SPACINGS:
+        raise ValueError(f"trainer.args.snapshot_spacing must be one of {SNAPSHOT_SPACINGS}, got {spacing!r}")
+    total = max(1, int(total))
+    steps: set[int] = set()
+    if count > 0:
+        if spacing == "linear":
+            steps = {max(1, round(total * k / count)) for k in range(1, count + 1)}
+        else:
+            steps = {max(1, round(total ** (k / count))) for k in range(1, count + 1)} | {total}
+    return sorted(steps | {int(s) for s in extra if 1 <= int(s) <= total})
+
+
+class SnapshotCallback(TrainerCallback):
+    """Saves the model at the optimizer steps of :func:`snapshot_steps` under ``root/step-N``, so a method can be read
+    at matched forgetting or at a stopping point chosen on validation people instead of at the end of an arbitrary
+    schedule (docs/report.md)."""
+
+    def __init__(
+        self,
+        count: int,
+        save: Callable[[Path], None],
+        root: Path,
+        *,
+        spacing: str = "linear",
+        extra: Sequence[int] = (),
+    ) -> None:
+        self.count, self.save, self.root, self.spacing, self.extra = count, save, root, spacing, list(extra)
         self.steps: set[int] = set()
 
     def on_train_begin(self, args, state, control, **kwargs):  # noqa: ANN001, ANN201 - TrainerCallback hook
-        total = max(1, int(state.max_steps))
-        self.steps = {max(1, round(total * k / self.count)) for k in range(1, self.count + 1)}
+        self.steps = set(snapshot_steps(int(state.max_steps), self.count, self.spacing, self.extra))
 
     def on_step_end(self, args, state, control, **kwargs):  # noqa: ANN001, ANN201 - TrainerCallback hook
         if state.global_step in self.steps and state.is_world_process_zero:
             self.save(self.root / f"step-{state.global_step:06d}")
+
+
+class StopAtStep(TrainerCallback):
+    """Stops training after optimizer step ``step``: the model at a stopping point, reached on the learning rates of
+    the full schedule (a shorter ``max_steps`` would compress the schedule instead)."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_step_end(self, args, state, control, **kwargs):  # noqa: ANN001, ANN201 - TrainerCallback hook
+        if state.global_step >= self.step:
+            control.should_training_stop = True
+        return control
 
 
 @dataclass
@@ -148,7 +189,10 @@ class TrainConfig:
     max_length: int = 256
     seed: int = 42
     max_steps: int = -1
-    snapshots: int = 0  # evenly spaced checkpoints kept under OUT/snapshots/step-N (trade-off curves)
+    snapshots: int = 0  # checkpoints kept under OUT/snapshots/step-N (trade-off curves, stopping points)
+    snapshot_spacing: str = "linear"  # or "log": dense early (snapshot_steps)
+    snapshot_steps: list[int] = field(default_factory=list)  # also keep these steps
+    stop_at_step: int = 0  # > 0: stop after this step, on the full schedule's learning rates
     extra: dict[str, Any] = field(default_factory=dict)  # any other TrainingArguments
 
 
@@ -319,9 +363,20 @@ def unlearn(
     )
     if ref_model is not None:
         ref_model.to(args.device)
-    if train.snapshots:
+    if int(train.stop_at_step) < 0:
+        raise ValueError(f"trainer.args.stop_at_step must be >= 0, got {train.stop_at_step!r}")
+    if train.stop_at_step:
+        trainer.add_callback(StopAtStep(int(train.stop_at_step)))
+    extra_steps = list(train.snapshot_steps or [])
+    if any(isinstance(s, bool) or not isinstance(s, int) or s < 1 for s in extra_steps):
+        raise ValueError(f"trainer.args.snapshot_steps must be optimizer steps >= 1, got {extra_steps!r}")
+    if train.snapshots or extra_steps:
         if int(train.snapshots) < 0:
             raise ValueError(f"trainer.args.snapshots must be >= 0, got {train.snapshots!r}")
+        if train.snapshot_spacing not in SNAPSHOT_SPACINGS:
+            raise ValueError(
+                f"trainer.args.snapshot_spacing must be one of {SNAPSHOT_SPACINGS}, got {train.snapshot_spacing!r}"
+            )
         if trainer.is_fsdp_enabled:
             raise ValueError("trainer.args.snapshots is not supported under FSDP (sharded weights)")
 
@@ -332,7 +387,12 @@ def unlearn(
             current.save_pretrained(path)
             tokenizer.save_pretrained(path)
 
-        trainer.add_callback(SnapshotCallback(int(train.snapshots), save_snapshot, partial / "snapshots"))
+        trainer.add_callback(
+            SnapshotCallback(
+                int(train.snapshots), save_snapshot, partial / "snapshots", spacing=train.snapshot_spacing,
+                extra=extra_steps,
+            )
+        )  # fmt: skip
     try:
         distributed = _distributed_setup(trainer, checked=checked, restrict=restrict, lora=lora is not None)
         result = trainer.train()
@@ -386,6 +446,7 @@ def unlearn(
                     processes=args.world_size,
                     distributed=distributed,
                     steps=trainer.state.global_step,
+                    scheduled_steps=trainer.state.max_steps,  # the schedule's length (steps: where it stopped)
                     train_loss=result.training_loss,
                     final_log=losses[-1] if losses else None,
                     last_method_logs=trainer.last_logs,

@@ -9,7 +9,14 @@ from pathlib import Path
 from typing import Any
 
 from lacuna_unlearn.bench.report.plots import write_field_plots
-from lacuna_unlearn.bench.report.tables import _control_note, _field_table, _fields, _matched_table, _seed_table
+from lacuna_unlearn.bench.report.tables import (
+    _control_note,
+    _field_table,
+    _fields,
+    _matched_table,
+    _seed_table,
+    _stopping_table,
+)
 
 __all__ = ["run_markdown", "write_run_report"]
 
@@ -42,7 +49,14 @@ def run_markdown(results: dict[str, Any]) -> str:
         if len(fields) > 1:
             lines += [f"## Field `{field}`", ""]
         table, marked = _field_table(entry, trivial, attempts)
-        lines += [*table, "", *_control_note(entry), *_matched_table(entry), *_seed_table(entry)]
+        lines += [
+            *table,
+            "",
+            *_control_note(entry),
+            *_stopping_table(entry),
+            *_matched_table(entry),
+            *_seed_table(entry),
+        ]
         footnote = footnote or marked
     if footnote:
         lines += [

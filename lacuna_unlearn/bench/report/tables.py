@@ -227,6 +227,38 @@ def _matched_table(entry: dict[str, Any]) -> list[str]:
     return [*lines, ""]
 
 
+def _stopping_table(entry: dict[str, Any]) -> list[str]:
+    """Each method's stopping point, chosen on validation people, and the end of its schedule as the ablation (empty
+    when no method chose one)."""
+    chosen = {n: m for n, m in (entry.get("methods") or {}).items() if m.get("stopping")}
+    if not chosen:
+        return []
+    first = next(iter(chosen.values()))["stopping"]
+    metric, threshold = first.get("metric"), first.get("threshold")
+    lines = [
+        f"Stopping points: the table above reads each gradient method at the first step where its **validation** "
+        f"people's {metric} is ≤ {threshold} (a validation run of the method that unlearns them; forget and retain "
+        "people never enter the choice), carried over as the same share of the forget run's schedule. The end of the "
+        "shared schedule is the ablation on the right.",
+        "",
+        "| method | validation people | chosen: validation step / steps (resolved within) | forget run: step / steps "
+        "| at the end of the schedule: forget leak | held-out retain acc |",
+        "|---|---|---|---|---|---|",
+    ]
+    for name, m in chosen.items():
+        s = m["stopping"]
+        resolved = f" (±{s['resolved_within_steps']})" if s.get("resolved_within_steps") is not None else ""
+        step = f"{s['chosen_validation_step']} / {s['validation_steps']}{resolved}"
+        if not s.get("reached"):
+            step += f", never ≤ {threshold}: end of schedule"
+        end = (m.get("end_of_schedule") or {}).get("behaviour") or {}
+        lines.append(
+            f"| {name} | {s.get('people')} | {step} | {s.get('chosen_step')} / {s.get('forget_steps')} "
+            f"| {_pct(end.get('forget_leak')) if end else 'same'} | {_pct(end.get('retain_eval_accuracy')) if end else 'same'} |"
+        )
+    return [*lines, ""]
+
+
 def _control_note(entry: dict[str, Any]) -> list[str]:
     """One line on whether the reversibility protocol passed its positive control (empty without one)."""
     control = entry.get("positive_control")
