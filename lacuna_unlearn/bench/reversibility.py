@@ -89,7 +89,7 @@ def reversibility(
             stages, f"[{field}] evaluate {label} relearned from {source}", stage / "model", {"relearn": stage.name},
             qa, data, cfg,
         )  # fmt: skip
-        rel = behaviour(evaluated, field, data, persons, seed=seed)
+        rel = behaviour(evaluated, field, data, persons)
         per_source[source] = {
             **relearned_rates(rel),
             "regime": regime(cfg, baseline["behaviour"], entry["behaviour"], rel),

@@ -48,8 +48,9 @@ def run_markdown(results: dict[str, Any]) -> str:
         "",
         "- **n**: persons behind a rate (the field's forget or retain people in the testbed's splits; Success@N: "
         "the attacked forget people); few persons make coarse rates (n=1 gives only 0 or 1).",
-        "- **[low, high]**: 95% percentile bootstrap interval of the rate, resampling persons (never documents); "
-        "[v, v] means the persons showed no spread, not certainty.",
+        "- **[low, high]**: exact 95% interval of the rate over persons (never documents): Clopper-Pearson on k of n "
+        "persons, or on the sum of per-person shares where a person answers several questions; 0 of n persons still "
+        "gives [0, >0] (results.json: `ci.<metric>` with k, n and the method).",
         "- **forget EM / ES / Prob**: teacher-forced exact match, extraction strength and answer probability on the "
         "forget people's QA (lower = more forgotten).",
         "- **forget leak**: share of forget people whose answer the model generates to their QA prompt, unlearned → "

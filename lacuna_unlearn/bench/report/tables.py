@@ -16,7 +16,10 @@ def _pct(value: Any) -> str:
 
 
 def _interval(ci: Any) -> str:
-    """`` [lo, hi]`` from a two-number interval, else nothing (intervals are shown where the results carry them)."""
+    """`` [lo, hi]`` from an interval record ``{"low", "high", ...}`` (results.json schema 2) or a two-number list
+    (schema 1), else nothing: intervals are shown where the results carry them."""
+    if isinstance(ci, dict):
+        ci = [ci.get("low"), ci.get("high")]
     if isinstance(ci, (list, tuple)) and len(ci) == 2 and all(isinstance(v, (int, float)) for v in ci):
         return f" [{ci[0]:.2f}, {ci[1]:.2f}]"
     return ""
