@@ -154,6 +154,25 @@ def test_intervals_are_shown_where_the_results_carry_them():
     assert cells["Success@200: unlearned → relearned"] == "1.00 → 1.00 [0.54, 1.00] (n=6)"
 
 
+def test_cells_on_fewer_than_five_persons_are_marked_and_footnoted():
+    results = _run()
+    report = run_markdown(results)
+    assert "‡" not in report.split("## Reading this table")[0]  # 5 and 6 persons: no mark, no footnote
+    assert "‡ marks fewer than 5" in report  # the legend says what the mark means
+    results["methods"]["grad_diff"]["behaviour"]["n"]["forget_leak"] = 4
+    results["methods"]["grad_diff"]["attack"]["persons"] = 2
+    report = run_markdown(results)
+    cells = dict(zip(_header(report), _row(report, "grad_diff"), strict=True))
+    assert cells["forget leak: unlearned → relearned"] == "0.00 → 0.00 (n=4)‡"
+    assert cells["Success@200: unlearned → relearned"] == "1.00 → 1.00 (n=2)‡"
+    assert cells["J_W"] == "0.00 (n=6)"
+    assert "‡" not in "".join(_row(report, "memflex"))
+    footnote = next(line for line in report.splitlines() if line.startswith("‡ "))
+    assert "Fewer than 5 persons" in footnote
+    assert "0 of 4: [0.00, 0.60]" in footnote and "1 of 1: [0.03, 1.00]" in footnote
+    assert sum(line.startswith("‡ ") for line in report.splitlines()) == 1
+
+
 def test_legend_has_one_line_per_column():
     report = run_markdown(_run())
     legend = report.split("## Reading this table", 1)[1]
