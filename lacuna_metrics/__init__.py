@@ -14,9 +14,10 @@ _EXPORTS: dict[str, str] = {
     name: module
     for module, names in {
         "lacuna_metrics.behaviour.intervals": (
-            "bootstrap_interval",
+            "clopper_pearson",
             "mean_sd",
             "per_person_values",
+            "rate_interval",
         ),
         "lacuna_metrics.behaviour.probes": (
             "extraction_hits",

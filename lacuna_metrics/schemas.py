@@ -11,7 +11,9 @@ __all__ = ["SCHEMAS", "read_schema", "schema_stamp"]
 
 #: Artifact kind -> (schema name, newest version this package writes and reads).
 SCHEMAS: dict[str, tuple[str, int]] = {
-    "run": ("lacuna-bench/run", 1),  # lacuna run's results.json
+    # lacuna run's results.json (2: every ci.<metric> is an exact interval {low, high, k, n, level, method} over
+    # persons, was a [low, high] percentile bootstrap)
+    "run": ("lacuna-bench/run", 2),
     # lacuna score's score.json (2: fingerprints cover every weight byte; 3: null calibration at the update's own
     # scale, with draws and spread: null_calibration.targets.*.families.*.{null_sd, z, sample_auc})
     "score": ("lacuna-bench/score", 3),

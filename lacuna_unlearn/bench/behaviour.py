@@ -1,5 +1,5 @@
 """``lacuna run``'s evaluation stage and what it reads from it: the behaviour metrics of one evaluation, with
-persons and bootstrap intervals.
+persons and exact intervals over them.
 
 Which lm-eval task and metric each behaviour metric comes from is declared once, in
 :data:`lacuna_unlearn.bench.metric_table.BEHAVIOUR_METRICS` (docs/tasks.md).
@@ -24,15 +24,14 @@ def behaviour(
     field: str,
     data: Path | None = None,
     persons: Mapping[str, Mapping[str, Mapping[str, float]]] | None = None,
-    *,
-    seed: int = 0,
 ) -> dict[str, Any]:
     """The run's behavioural metrics of one evaluation, with ``n`` (persons behind each metric) and, given the
-    evaluation's per-person values ``persons`` (task -> metric -> person -> value), ``ci``: a 95% percentile
-    bootstrap interval over persons (lacuna_metrics.behaviour.intervals). ``n`` counts the persons the metric observed when
+    evaluation's per-person values ``persons`` (task -> metric -> person -> value), ``ci``: per metric the exact 95%
+    interval over persons with its ``k``, ``n`` and method (:func:`lacuna_metrics.behaviour.intervals.rate_interval`),
+    because a cell of 0 of 5 persons is not a certain 0. ``n`` counts the persons the metric observed when
     ``persons`` is given, else the forget or retain people of ``field`` in ``data`` (lm-eval's ``n-samples``
     counts documents, not persons). ``n`` and ``ci`` are None where the task did not run."""
-    from lacuna_metrics import bootstrap_interval
+    from lacuna_metrics import rate_interval
 
     out: dict[str, Any] = {
         name: results.get(f"lacuna_{field}_{task}", {}).get(metric)
@@ -42,10 +41,10 @@ def behaviour(
     out["neutral_word_perplexity"] = results.get(NEUTRAL_PPL_TASK, {}).get("word_perplexity")
     n: dict[str, int | None] = {}
     if persons is not None:
-        ci: dict[str, list[float] | None] = {}
+        ci: dict[str, dict[str, Any] | None] = {}
         for name, (task, metric) in BEHAVIOUR_METRICS.items():
             values = persons.get(f"lacuna_{field}_{task}", {}).get(metric)
-            ci[name] = bootstrap_interval(values, seed=seed) if values and out[name] is not None else None
+            ci[name] = rate_interval(values, metric=name) if values and out[name] is not None else None
             n[name] = len(values) if values and out[name] is not None else None
         out["n"], out["ci"] = n, ci
     elif data is not None:

@@ -94,7 +94,7 @@ def method_entry(
     evaluated, per_person = eval_stage(
         stages, f"[{field}] evaluate {display}", model, {"model": u_key}, group, data, cfg
     )
-    entry["behaviour"] = behaviour(evaluated, field, data, per_person, seed=seed)
+    entry["behaviour"] = behaviour(evaluated, field, data, per_person)
     # utility on text no unlearning loss saw: > 1 means the method damaged general language modelling (docs/tasks.md)
     entry["behaviour"]["neutral_ppl_ratio"] = word_perplexity_ratio(
         entry["behaviour"].get("neutral_word_perplexity"),
@@ -105,7 +105,7 @@ def method_entry(
             stages, f"[{field}] evaluate {display} at the end of the schedule", end_model, {"model": end_key}, group,
             data, cfg,
         )  # fmt: skip
-        end_behaviour = behaviour(end_eval, field, data, end_persons, seed=seed)
+        end_behaviour = behaviour(end_eval, field, data, end_persons)
         end_behaviour["neutral_ppl_ratio"] = word_perplexity_ratio(
             end_behaviour.get("neutral_word_perplexity"),
             (baseline.get("behaviour") or {}).get("neutral_word_perplexity"),
@@ -219,7 +219,7 @@ def _attack(
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """The held-out relearning attack with the extraction probe (``lacuna attack``): the entry's ``attack``, and
     the behaviour of the relearned model (forget and retain QA)."""
-    from lacuna_metrics import bootstrap_interval
+    from lacuna_metrics import rate_interval
     from lacuna_unlearn.bench.attacks import resurfacing_attack
 
     testbed, data = ctx["testbed"], ctx["data"]
@@ -253,12 +253,10 @@ def _attack(
         j: {k: v for k, v in fig.items() if k.startswith("success_at_n")} for j, fig in attack["by_judge"].items()
     }
     per_person = attack.get("per_person") or {}
-    out["ci"] = {  # 95% bootstrap over the attacked persons (issue 20: every behaviour metric)
-        f"success_at_n_{state}": bootstrap_interval(
-            {p: float(bool(v.get(state))) for p, v in per_person.items()}, seed=seed
+    out["ci"] = {  # exact 95% interval over the attacked persons, k of n leaking (issue 35)
+        f"success_at_n_{state}": rate_interval(
+            {p: float(bool(v.get(state))) for p, v in per_person.items()}, metric=f"success_at_n_{state}"
         )
-        if per_person
-        else None
         for state in ("unlearned", "relearned")
     }
     out["forgotten"] = len(attack["forgotten"])
@@ -268,7 +266,7 @@ def _attack(
         stages, f"[{field}] evaluate relearned {label}", a_stage / "attack" / "relearned", {"attack": a_stage.name},
         qa, data, cfg,
     )  # fmt: skip
-    return out, behaviour(rel_eval, field, data, rel_persons, seed=seed)
+    return out, behaviour(rel_eval, field, data, rel_persons)
 
 
 def trajectory(
@@ -299,7 +297,7 @@ def trajectory(
         step = int(snap.name.split("-", 1)[1])
         key = {"model": model_key, "snapshot": snap.name}
         results, persons = eval_stage(stages, f"[{field}] evaluate {label} at step {step}", snap, key, tasks, data, cfg)
-        beh = behaviour(results, field, data, persons, seed=seed)
+        beh = behaviour(results, field, data, persons)
         held_out = results.get(f"lacuna_{field}_retain_eval_qa", {}).get("accuracy")
         s_stage = stages.get(
             "score",

@@ -102,7 +102,7 @@ def _relearn(
         stages, f"[{field}] evaluate {label} relearned from {source}", stage / "model", {"relearn": stage.name},
         qa, data, cfg,
     )  # fmt: skip
-    return behaviour(evaluated, field, data, persons, seed=seed)
+    return behaviour(evaluated, field, data, persons)
 
 
 def reversibility(
@@ -170,7 +170,7 @@ def negative_control(
         stages, f"[{field}] evaluate the testbed model on the negative control's people", model,
         {"testbed": ctx["tb_key"], "data": d_stage.name}, forget_qa, data, cfg,
     )  # fmt: skip
-    before = behaviour(before_eval, field, data, before_persons, seed=seed)
+    before = behaviour(before_eval, field, data, before_persons)
     rel = _relearn(
         stages, cfg, ctx, field, "the testbed model on unseen people", model, ctx["tb_key"], seed, "forget",
         data=data, data_key=d_stage.name, tasks=forget_qa,

@@ -142,7 +142,7 @@ def _run_locked(out: Path, cfg: dict[str, Any], log: Callable[[str], None]) -> d
         if cfg["eval"].get("neutral_ppl") and (data / NEUTRAL_HELDOUT_FILE).is_file():
             group.append(NEUTRAL_PPL_TASK)
         base_eval = eval_stage(stages, f"[{field}] evaluate before", before, {"testbed": tb_key}, group, data, cfg)
-        base_behaviour = behaviour(base_eval[0], field, data, base_eval[1], seed=seed)
+        base_behaviour = behaviour(base_eval[0], field, data, base_eval[1])
         field_out: dict[str, Any] = {"baseline": {"behaviour": base_behaviour}, "methods": {}}
         ctx = {"testbed": testbed, "tb_key": tb_key, "data": data, "group": group}
         # the relearning attack's controls, in every seed: a regime is read only where they allow it

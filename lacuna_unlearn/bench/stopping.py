@@ -123,7 +123,7 @@ def stopping_point(
                 stages, f"[{field}] validation leak of {label} at step {step}", snap,
                 {"model": u_key, "snapshot": snap.name}, tasks, view, cfg,
             )  # fmt: skip
-            beh = behaviour(results, field, view, persons, seed=seed)
+            beh = behaviour(results, field, view, persons)
             curve[step] = {"step": step, metric: beh.get(metric), "n": (beh.get("n") or {}).get(metric)}
         return model, manifest
 

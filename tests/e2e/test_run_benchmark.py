@@ -121,7 +121,7 @@ def test_every_field_runs_and_is_reported(smoke_testbed, tmp_path):
 def test_run_writes_schema_report_and_plots_then_caches(smoke_testbed, tmp_path):
     logs: list[str] = []
     results = run_benchmark(tmp_path / "run", _config(smoke_testbed), log=logs.append)
-    assert results["schema"] == {"name": "lacuna-bench/run", "version": 1}
+    assert results["schema"] == {"name": "lacuna-bench/run", "version": 2}
     on_disk = json.loads((tmp_path / "run" / "results.json").read_text())
     assert on_disk["methods"].keys() == {"grad_diff", "oracle_grad"}
     for name, method in on_disk["methods"].items():
@@ -129,8 +129,10 @@ def test_run_writes_schema_report_and_plots_then_caches(smoke_testbed, tmp_path)
             best = method["auc"][target]["best"]
             assert set(best) == {"score", "value"} and 0.0 <= best["value"] <= 1.0, (name, target)
         assert set(method["behaviour"]) >= {"forget_leak", "retain_accuracy", "em", "es", "prob", "n", "ci"}
-        low, high = method["behaviour"]["ci"]["forget_leak"]  # bootstrap over persons
-        assert low <= method["behaviour"]["forget_leak"] <= high
+        ci = method["behaviour"]["ci"]["forget_leak"]  # exact interval over persons
+        assert ci["low"] <= method["behaviour"]["forget_leak"] <= ci["high"]
+        assert ci["n"] == method["behaviour"]["n"]["forget_leak"] and ci["method"].startswith("clopper_pearson")
+        assert ci["k"] == pytest.approx(method["behaviour"]["forget_leak"] * ci["n"])
         assert method["relearned_behaviour"]["n"]["forget_leak"] == method["behaviour"]["n"]["forget_leak"]
         assert isinstance(method["frag"], float) and method["l2"] >= 0
         assert set(method["attack"]) >= {"success_at_n_unlearned", "success_at_n_relearned"}

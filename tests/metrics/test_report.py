@@ -135,6 +135,7 @@ def test_every_rate_carries_its_persons():
 
 
 def test_intervals_are_shown_where_the_results_carry_them():
+    """Interval records (results.json schema 2) and the two-number lists of schema 1 render alike."""
     results = _run()
     beh = results["methods"]["grad_diff"]["behaviour"]
     beh["ci"] = {"forget_leak": [0.0, 0.39]}
@@ -142,6 +143,34 @@ def test_intervals_are_shown_where_the_results_carry_them():
     cells = dict(zip(_header(run_markdown(results)), _row(run_markdown(results), "grad_diff"), strict=True))
     assert cells["forget leak: unlearned → relearned"] == "0.00 [0.00, 0.39] → 0.00 (n=6)"
     assert cells["Success@200: unlearned → relearned"] == "1.00 → 1.00 [0.61, 1.00] (n=6)"
+    from lacuna_metrics.behaviour.intervals import rate_interval
+
+    beh["ci"] = {"forget_leak": rate_interval([0.0] * 6, metric="forget_leak")}
+    results["methods"]["grad_diff"]["attack"]["ci"] = {
+        "success_at_n_relearned": rate_interval([1.0] * 6, metric="success_at_n_relearned")
+    }
+    cells = dict(zip(_header(run_markdown(results)), _row(run_markdown(results), "grad_diff"), strict=True))
+    assert cells["forget leak: unlearned → relearned"] == "0.00 [0.00, 0.46] → 0.00 (n=6)"
+    assert cells["Success@200: unlearned → relearned"] == "1.00 → 1.00 [0.54, 1.00] (n=6)"
+
+
+def test_cells_on_fewer_than_five_persons_are_marked_and_footnoted():
+    results = _run()
+    report = run_markdown(results)
+    assert "‡" not in report.split("## Reading this table")[0]  # 5 and 6 persons: no mark, no footnote
+    assert "‡ marks fewer than 5" in report  # the legend says what the mark means
+    results["methods"]["grad_diff"]["behaviour"]["n"]["forget_leak"] = 4
+    results["methods"]["grad_diff"]["attack"]["persons"] = 2
+    report = run_markdown(results)
+    cells = dict(zip(_header(report), _row(report, "grad_diff"), strict=True))
+    assert cells["forget leak: unlearned → relearned"] == "0.00 → 0.00 (n=4)‡"
+    assert cells["Success@200: unlearned → relearned"] == "1.00 → 1.00 (n=2)‡"
+    assert cells["J_W"] == "0.00 (n=6)"
+    assert "‡" not in "".join(_row(report, "memflex"))
+    footnote = next(line for line in report.splitlines() if line.startswith("‡ "))
+    assert "Fewer than 5 persons" in footnote
+    assert "0 of 4: [0.00, 0.60]" in footnote and "1 of 1: [0.03, 1.00]" in footnote
+    assert sum(line.startswith("‡ ") for line in report.splitlines()) == 1
 
 
 def test_legend_has_one_line_per_column():
@@ -345,21 +374,30 @@ def test_behaviour_counts_the_fields_persons(tmp_path):
 
 
 def test_behaviour_intervals_are_over_persons():
-    """With the evaluation's per-person values, every rate gets n = persons observed and a bootstrap interval over
-    persons that contains the rate; a metric that did not run gets neither."""
-    from lacuna_metrics.behaviour.intervals import bootstrap_interval
+    """With the evaluation's per-person values, every rate gets n = persons observed and an exact interval over
+    persons (k, n and method beside it) that contains the rate; a metric that did not run gets neither."""
+    from lacuna_metrics.behaviour.intervals import clopper_pearson
     from lacuna_unlearn.bench.behaviour import behaviour
 
     leak = {f"p{i}": float(i < 3) for i in range(10)}  # 3 of 10 persons leak
-    results = {"lacuna_email_forget_qa": {"leak_rate": 0.3}, "lacuna_email_forget_worstcase": {"j_w": 0.3}}
+    shares = {f"p{i}": (0.0, 1 / 3, 2 / 3, 1.0)[i % 4] for i in range(8)}  # 3 questions per person
+    results = {
+        "lacuna_email_forget_qa": {"leak_rate": 0.3},
+        "lacuna_email_forget_worstcase": {"j_w": 0.3},
+        "lacuna_email_crossfield_qa": {"accuracy": 0.5},
+    }
     persons = {
         "lacuna_email_forget_qa": {"leak_rate": leak},
         "lacuna_email_forget_worstcase": {"j_w": leak, "j_icr": {}},
+        "lacuna_email_crossfield_qa": {"accuracy": shares},
     }
-    got = behaviour(results, "email", None, persons, seed=4)
+    got = behaviour(results, "email", None, persons)
     assert got["n"]["forget_leak"] == got["n"]["j_w"] == 10
-    assert got["ci"]["forget_leak"] == bootstrap_interval(leak, seed=4)
-    low, high = got["ci"]["forget_leak"]
-    assert low < 0.3 < high and 0.0 <= low and high <= 1.0
+    ci = got["ci"]["forget_leak"]
+    assert (ci["low"], ci["high"]) == clopper_pearson(3, 10)
+    assert ci["k"] == 3 and ci["n"] == 10 and ci["level"] == 0.95 and ci["method"] == "clopper_pearson"
+    assert ci["low"] < 0.3 < ci["high"] and 0.0 <= ci["low"] and ci["high"] <= 1.0
+    cross = got["ci"]["crossfield_accuracy"]
+    assert cross["method"] == "clopper_pearson_fractional" and cross["k"] == pytest.approx(4.0) and cross["n"] == 8
     assert got["ci"]["j_icr"] is None and got["n"]["j_icr"] is None
     assert got["ci"]["retain_accuracy"] is None

@@ -10,6 +10,8 @@ from typing import Any
 
 from lacuna_unlearn.bench.report.plots import write_field_plots
 from lacuna_unlearn.bench.report.tables import (
+    FEW_MARK,
+    FEW_PERSONS,
     _control_note,
     _field_table,
     _fields,
@@ -44,11 +46,11 @@ def run_markdown(results: dict[str, Any]) -> str:
         f"catastrophic iff held-out retain or cross-field acc drops by more than tau_cat = {tau_cat} or the neutral "
         f"perplexity grows more than tau_ppl = {tau_ppl}×"
     )
-    footnote = False
+    footnote = few = False
     for field, entry in fields.items():
         if len(fields) > 1:
             lines += [f"## Field `{field}`", ""]
-        table, marked = _field_table(entry, trivial, attempts)
+        table, marked, few_marked = _field_table(entry, trivial, attempts)
         lines += [
             *table,
             "",
@@ -57,7 +59,9 @@ def run_markdown(results: dict[str, Any]) -> str:
             *_matched_table(entry),
             *_seed_table(entry),
         ]
-        footnote = footnote or marked
+        footnote, few = footnote or marked, few or few_marked
+    if few:
+        lines += [_few_footnote(), ""]
     if footnote:
         lines += [
             f"† The regime and Success@{attempts} point different ways. The regime reads only the QA forget leak (one "
@@ -70,10 +74,12 @@ def run_markdown(results: dict[str, Any]) -> str:
     lines += [
         "## Reading this table",
         "",
-        "- **n**: persons behind a rate (the field's forget or retain people in the testbed's splits; Success@N: "
-        "the attacked forget people); few persons make coarse rates (n=1 gives only 0 or 1).",
-        "- **[low, high]**: 95% percentile bootstrap interval of the rate, resampling persons (never documents); "
-        "[v, v] means the persons showed no spread, not certainty.",
+        f"- **n**: persons behind a rate (the field's forget or retain people in the testbed's splits; Success@N: "
+        f"the attacked forget people); few persons make coarse rates (n=1 gives only 0 or 1); {FEW_MARK} marks fewer "
+        f"than {FEW_PERSONS}.",
+        "- **[low, high]**: exact 95% interval of the rate over persons (never documents): Clopper-Pearson on k of n "
+        "persons, or on the sum of per-person shares where a person answers several questions; 0 of n persons still "
+        "gives [0, >0] (results.json: `ci.<metric>` with k, n and the method).",
         "- **forget EM / ES / Prob**: teacher-forced exact match, extraction strength and answer probability on the "
         "forget people's QA (lower = more forgotten).",
         "- **forget leak**: share of forget people whose answer the model generates to their QA prompt, unlearned → "
@@ -111,6 +117,21 @@ def run_markdown(results: dict[str, Any]) -> str:
     if wall is not None:
         lines += ["", f"Wall time of this run (cached stages count 0): {wall:.0f} s."]
     return "\n".join(lines) + "\n"
+
+
+def _few_footnote() -> str:
+    """The ‡ footnote, with the exact intervals that few persons allow (computed, so the numbers stay true)."""
+    from lacuna_metrics import clopper_pearson
+
+    examples = "; ".join(
+        f"{k} of {n}: [{low:.2f}, {high:.2f}]"
+        for k, n in ((0, FEW_PERSONS - 1), (FEW_PERSONS // 2, FEW_PERSONS - 1), (1, 1))
+        for low, high in [clopper_pearson(k, n)]
+    )
+    return (
+        f"{FEW_MARK} Fewer than {FEW_PERSONS} persons behind a marked rate: its exact 95% interval spans most of [0, 1] "
+        f"whatever they did ({examples}), so read the cell as a mechanics check, not a measurement."
+    )
 
 
 def write_run_report(out_dir: str | os.PathLike[str], results: dict[str, Any]) -> list[Path]:

@@ -8,7 +8,12 @@ from typing import Any
 
 from lacuna_metrics import fmt as _fmt
 
-__all__ = ["SEED_COLUMNS", "disagrees"]
+__all__ = ["FEW_MARK", "FEW_PERSONS", "SEED_COLUMNS", "disagrees"]
+
+#: A rate resting on fewer persons than this is marked with :data:`FEW_MARK` beside its ``n`` and footnoted: its
+#: exact interval spans most of [0, 1] whatever the outcome (0 of 4 persons: [0, 0.60]).
+FEW_PERSONS = 5
+FEW_MARK = "‡"
 
 
 def _pct(value: Any) -> str:
@@ -16,14 +21,20 @@ def _pct(value: Any) -> str:
 
 
 def _interval(ci: Any) -> str:
-    """`` [lo, hi]`` from a two-number interval, else nothing (intervals are shown where the results carry them)."""
+    """`` [lo, hi]`` from an interval record ``{"low", "high", ...}`` (results.json schema 2) or a two-number list
+    (schema 1), else nothing: intervals are shown where the results carry them."""
+    if isinstance(ci, dict):
+        ci = [ci.get("low"), ci.get("high")]
     if isinstance(ci, (list, tuple)) and len(ci) == 2 and all(isinstance(v, (int, float)) for v in ci):
         return f" [{ci[0]:.2f}, {ci[1]:.2f}]"
     return ""
 
 
 def _n(n: Any) -> str:
-    return f" (n={n})" if isinstance(n, int) and not isinstance(n, bool) else ""
+    """`` (n=6)``, with :data:`FEW_MARK` after it below :data:`FEW_PERSONS` persons; nothing without a count."""
+    if not isinstance(n, int) or isinstance(n, bool):
+        return ""
+    return f" (n={n}){FEW_MARK if n < FEW_PERSONS else ''}"
 
 
 def _rate(block: dict[str, Any], key: str) -> str:
@@ -79,7 +90,9 @@ def _ppl_ratio(behaviour: dict[str, Any]) -> str:
     return "n/a" if value is None else f"×{value:.3f}"
 
 
-def _field_table(entry: dict[str, Any], trivial: dict[str, Any], attempts: Any) -> tuple[list[str], bool]:
+def _field_table(entry: dict[str, Any], trivial: dict[str, Any], attempts: Any) -> tuple[list[str], bool, bool]:
+    """The field's table, whether a regime cell carries the † footnote, and whether a rate rests on fewer than
+    :data:`FEW_PERSONS` persons (the ‡ footnote)."""
     base = (entry.get("baseline") or {}).get("behaviour") or {}
     lines = [
         f"| method | forget EM / ES / Prob | forget leak: unlearned → relearned | retain acc: unlearned → relearned "
@@ -151,7 +164,7 @@ def _field_table(entry: dict[str, Any], trivial: dict[str, Any], attempts: Any) 
                 " / ".join(f"{t[k]:.3f}" for k in ("before_magnitude", "injection_magnitude") if t.get(k) is not None)
             )
         lines.append(f"| trivial detector (abs before / abs injection) | | | | | | | {' | '.join(cells)} | | | |")
-    return lines, footnote
+    return lines, footnote, any(f"){FEW_MARK}" in line for line in lines[2:])
 
 
 #: Columns of the across-seeds table: (header, dotted metric path in ``across_seeds.metrics``).
