@@ -88,6 +88,37 @@ def across_seeds(runs: Mapping[int, Mapping[str, Any]]) -> dict[str, Any]:
     return {"seeds": list(runs), "metrics": metrics, "regimes": regimes}
 
 
+#: Rates pooled over fields into one row per method (``results.json: pooled``).
+POOLED_METRICS = ("forget_leak", "j_w", "retain_eval_accuracy", "crossfield_accuracy", "retain_accuracy")
+
+
+def pooled(by_field: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+    """One row per method over every field of a run: each rate of :data:`POOLED_METRICS` as the persons' total k of
+    n over the fields (``n`` = people × fields), with its exact interval (:func:`lacuna_metrics.clopper_pearson`;
+    ``clopper_pearson_fractional`` where a field's k is a sum of shares). A method or rate missing in any field is
+    left out, never pooled over fewer fields."""
+    from lacuna_metrics import clopper_pearson
+
+    names = [n for n in next(iter(by_field.values()))["methods"] if all(n in e["methods"] for e in by_field.values())]
+    out: dict[str, Any] = {}
+    for name in names:
+        row: dict[str, Any] = {}
+        for metric in POOLED_METRICS:
+            cis = [((e["methods"][name].get("behaviour") or {}).get("ci") or {}).get(metric) for e in by_field.values()]
+            if not all(isinstance(ci, Mapping) and ci.get("n") for ci in cis):
+                continue
+            k, n = sum(float(ci["k"]) for ci in cis), sum(int(ci["n"]) for ci in cis)
+            low, high = clopper_pearson(k, n)
+            fractional = any(ci.get("method") == "clopper_pearson_fractional" for ci in cis)
+            method = "clopper_pearson_fractional" if fractional else "clopper_pearson"
+            row[metric] = {
+                "value": k / n, "ci": {"low": low, "high": high, "k": k, "n": n, "level": 0.95, "method": method},
+            }  # fmt: skip
+        regimes = [(e["methods"][name].get("regime") or {}).get("regime") for e in by_field.values()]
+        out[name] = {"fields": list(by_field), "rates": row, "regimes": regimes}
+    return out
+
+
 def run_benchmark(
     out_dir: str | os.PathLike[str],
     cfg: Mapping[str, Any] | None = None,
@@ -181,6 +212,8 @@ def _run_locked(out: Path, cfg: dict[str, Any], log: Callable[[str], None]) -> d
         by_field[field] = field_out
 
     first = by_field[cfg["fields"][0]]
+    if len(by_field) > 1:
+        results["pooled"] = pooled(by_field)
     results.update(
         {
             "field": cfg["fields"][0],

@@ -401,3 +401,26 @@ def test_behaviour_intervals_are_over_persons():
     assert cross["method"] == "clopper_pearson_fractional" and cross["k"] == pytest.approx(4.0) and cross["n"] == 8
     assert got["ci"]["j_icr"] is None and got["n"]["j_icr"] is None
     assert got["ci"]["retain_accuracy"] is None
+
+
+def test_a_multi_field_run_pools_each_rate_over_fields_with_an_exact_interval():
+    """Issue 35 item 5: one row per method over every field, n = people x fields, k summed, Clopper-Pearson."""
+    from lacuna_unlearn.bench.run import pooled
+
+    def entry(k: int, n: int) -> dict:
+        ci = {"low": 0.0, "high": 1.0, "k": k, "n": n, "level": 0.95, "method": "clopper_pearson"}
+        return {"behaviour": {"forget_leak": k / n, "ci": {"forget_leak": ci}}, "regime": {"regime": "undetermined"}}
+
+    by_field = {"email": {"methods": {"a": entry(0, 5), "b": entry(5, 5)}},
+                "phone": {"methods": {"a": entry(1, 5)}}}  # fmt: skip
+    out = pooled(by_field)
+    assert set(out) == {"a"}  # b is missing in one field: never pooled over fewer fields
+    leak = out["a"]["rates"]["forget_leak"]
+    assert leak["value"] == pytest.approx(0.1) and leak["ci"]["n"] == 10 and leak["ci"]["k"] == 1
+    from scipy.stats import binomtest
+
+    ref = binomtest(1, 10).proportion_ci(method="exact")
+    assert (leak["ci"]["low"], leak["ci"]["high"]) == pytest.approx((ref.low, ref.high))
+    results = _run(fields=("email", "phone"))
+    results["pooled"] = out
+    assert "## Pooled over the fields (email, phone)" in run_markdown(results)

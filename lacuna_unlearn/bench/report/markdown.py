@@ -16,6 +16,7 @@ from lacuna_unlearn.bench.report.tables import (
     _field_table,
     _fields,
     _matched_table,
+    _pooled_table,
     _seed_table,
     _stopping_table,
 )
@@ -60,6 +61,7 @@ def run_markdown(results: dict[str, Any]) -> str:
             *_seed_table(entry),
         ]
         footnote, few = footnote or marked, few or few_marked
+    lines += _pooled_table(results)
     if few:
         lines += [_few_footnote(), ""]
     if footnote:

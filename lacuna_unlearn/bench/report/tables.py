@@ -316,3 +316,35 @@ def _regime_note(regime: dict[str, Any]) -> str:
     if regime.get("recovery_ratio") is not None:
         return f" (ρ={regime['recovery_ratio']:.2f}{source})"
     return ""
+
+
+def _pooled_table(results: dict[str, Any]) -> list[str]:
+    """One row per method over every field (results.json ``pooled``; empty for a one-field run)."""
+    rows = results.get("pooled") or {}
+    if not rows:
+        return []
+    fields = next(iter(rows.values())).get("fields") or []
+    lines = [
+        f"## Pooled over the fields ({', '.join(fields)})",
+        "",
+        "Each rate is the persons' total over the fields (n = people × fields) with its exact 95% interval; the "
+        "regimes are listed per field.",
+        "",
+        "| method | forget leak | J_W | held-out retain acc | cross-field acc | regimes |",
+        "|---|---|---|---|---|---|",
+    ]
+    for name, row in rows.items():
+        rates = row.get("rates") or {}
+
+        def cell(metric: str, rates: dict[str, Any] = rates) -> str:
+            entry = rates.get(metric)
+            if not entry:
+                return "n/a"
+            return f"{entry['value']:.2f}{_interval(entry['ci'])}{_n(entry['ci']['n'])}"
+
+        regimes = ", ".join(str(r) for r in row.get("regimes") or [])
+        lines.append(
+            f"| {name} | {cell('forget_leak')} | {cell('j_w')} | {cell('retain_eval_accuracy')} "
+            f"| {cell('crossfield_accuracy')} | {regimes} |"
+        )
+    return [*lines, ""]
