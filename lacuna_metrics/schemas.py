@@ -19,7 +19,7 @@ SCHEMAS: dict[str, tuple[str, int]] = {
     "score": ("lacuna-bench/score", 3),
     "gate": ("lacuna-bench/gate", 1),  # lacuna gate --json
     "attack": ("lacuna-bench/attack", 3),  # 3: Success@N under a named judge (default lacuna)
-    "diagnose": ("lacuna-bench/diagnose", 1),
+    "diagnose": ("lacuna-bench/diagnose", 2),  # 2: mean_pca_distance averages the transformer layers 1..L only
 }
 
 

@@ -16,7 +16,11 @@ _EXPORTS: dict[str, str] = {
     for module, names in {
         "lacuna_tasks.harness.evaluate": ("evaluate",),
         "lacuna_tasks.harness.hooks": ("build_docs",),
-        "lacuna_tasks.harness.perplexity": ("word_perplexity_ratio",),
+        "lacuna_tasks.harness.perplexity": (
+            "neutral_heldout_path",
+            "read_neutral_heldout",
+            "word_perplexity_ratio",
+        ),
         "lacuna_tasks.harness.register": (
             "task_manager",
             "tasks_dir",

@@ -13,8 +13,10 @@ Differences from the authors' toolkit (each switchable or documented where it ma
   ``max_length``), so short texts are pulled towards the pad-token representation. The default here is
   ``"masked_mean"`` (attention-mask-weighted mean). All four metrics use one pooling; the toolkit uses plain mean
   for PCA and the first token for CKA (``pooling="first"``).
-* layers: ``output_hidden_states`` indices 0 (embedding output) … L for every metric. The toolkit's CKA layer
-  ``model.layers.{l}`` is our layer l+1 (for the last layer HF applies the final norm to the returned state).
+* layers: ``output_hidden_states`` indices 0 (embedding output) … L for every per-layer metric. The toolkit's CKA
+  layer ``model.layers.{l}`` is our layer l+1 (for the last layer HF applies the final norm to the returned state).
+  The mean PCA distance averages the L transformer layers 1 … L, as the paper's formula does (not the embedding
+  output).
 * PCA similarity is ``|cos|`` by default: the sign of a principal component is arbitrary.
 * Fisher: pad labels are ``-100`` by default (the toolkit trains on pad tokens: ``labels="toolkit"``), and the layer
   of a parameter is found by exact module prefix (the toolkit's substring test puts ``model.layers.10`` into
@@ -149,7 +151,7 @@ def _compare(h_ref: list[Array], h_upd: list[Array], *, use_pc2: bool, layers: S
         rows.append({k: (v if k == "layer" else _finite(v)) for k, v in row.items()})
     return {
         "per_layer": rows,
-        "mean_pca_distance": _finite(mean_pca_distance(shifts, use_pc2=use_pc2, layers=layers)),
+        "mean_pca_distance": _finite(mean_pca_distance(shifts, use_pc2=use_pc2, layers=layers)),  # 1..L by default
         "notes": notes,
     }
 
@@ -176,8 +178,8 @@ def diagnose_models(
 
     Returns (and, with ``out_dir``, writes atomically to ``out_dir/diagnose.json``) a JSON-able dict, schema
     :data:`SCHEMA` version :data:`SCHEMA_VERSION`: per updated model and layer ``pca_sim`` (|cos|), ``pca_sim_signed``,
-    ``delta_pc1``, ``pc2_ref``, ``pc2_upd``, ``pca_distance``, ``cka``; ``mean_pca_distance`` (inferred,
-    docs/definitions.md#representation-diagnostics); Fisher summaries of reference and updated
+    ``delta_pc1``, ``pc2_ref``, ``pc2_upd``, ``pca_distance``, ``cka``; ``mean_pca_distance`` (over the transformer
+    layers 1 … L, docs/definitions.md#representation-diagnostics); Fisher summaries of reference and updated
     (:func:`fisher_diagonal`); the options and a manifest. Undefined values (degenerate PCA/CKA) are ``null`` with a
     note. ``plots=True`` adds ``out_dir/plots/diagnose_layers.png`` and ``out_dir/plots/diagnose_pca_shift.png``. Models
     load from local files only, without remote code; the reference's features are computed first and the reference is
@@ -253,8 +255,10 @@ def diagnose_models(
             "cka_features": f"pooled hidden states ({pooling}), layers 0..L",
             "mean_pca_distance": {
                 "use_pc2": use_pc2,
-                "layers": None if distance_layers is None else list(distance_layers),
-                "definition": "inferred (docs/definitions.md#representation-diagnostics)",
+                # hidden-state indices averaged: the L transformer layers 1..L unless distance_layers chose others
+                "layers": list(range(1, len(h_ref))) if distance_layers is None else list(distance_layers),
+                "definition": "mean over the transformer layers 1..L of the centroid distance in the reference PC1-PC2 "
+                "plane (docs/definitions.md#representation-diagnostics)",
             },
             "fisher": fisher_opts if fisher else None,
         },

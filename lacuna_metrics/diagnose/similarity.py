@@ -108,14 +108,19 @@ def mean_pca_distance(
     """Layer-averaged distance between reference and updated centroids in the reference PC plane
     (docs/definitions.md#representation-diagnostics).
 
-    INFERRED definition (the paper's formula was not found): ``mean_l sqrt(dPC1_l^2 + (PC2upd_l - PC2ref_l)^2)``;
-    ``use_pc2=False`` uses ``|dPC1_l|`` only. ``shifts`` holds :func:`pca_shift` per layer (index = layer);
-    ``layers`` selects layer indices (default all). NaN if a selected layer's shift is NaN (degenerate PCA).
+    ``shifts`` holds :func:`pca_shift` per hidden state as ``output_hidden_states`` returns them: index 0 is the
+    embedding output, 1 … L the L transformer layers. The paper's mean PCA distance averages over the L transformer
+    layers, ``(1/L) Σ_{l=1..L} sqrt(dPC1_l^2 + (PC2upd_l - PC2ref_l)^2)``, so the default leaves index 0 out (averaging
+    it in, as before, gave (L / (L + 1)) x the paper's value when the embeddings do not move: 0.8x at L = 4).
+    ``use_pc2=False`` uses ``|dPC1_l|`` only. ``layers`` selects other indices (0 allowed). NaN if a selected layer's
+    shift is NaN (degenerate PCA).
     """
     shifts = list(shifts)
     if not shifts:
         raise ValueError("mean_pca_distance: no layers given")
-    chosen = list(range(len(shifts))) if layers is None else list(layers)
+    if layers is None and len(shifts) < 2:
+        raise ValueError("mean_pca_distance: no transformer layer (index 0 is the embedding output)")
+    chosen = list(range(1, len(shifts))) if layers is None else list(layers)
     if not chosen:
         raise ValueError("mean_pca_distance: empty layer selection")
     for layer in chosen:

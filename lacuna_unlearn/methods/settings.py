@@ -185,7 +185,8 @@ class AlphaEditSettings:
     fact_token: str = "subject_last"  #: where keys/values are read: "subject_last" (LACUNA) or "last"
     context_templates: list[str] = field(default_factory=lambda: ["{}"])
     kl_prompt: str = "{} is a"
-    #: preserved-knowledge keys: "retain" (the retain split's QA text), "neutral" (the testbed's neutral corpus)
+    #: preserved-knowledge keys: "retain" (the retain split's QA text), "neutral" (the testbed's trained neutral
+    #: corpus, never its held-out slice: the neutral-perplexity probe's text)
     cov_text: list[str] = field(default_factory=lambda: ["retain", "neutral"])
     cov_files: list[str] = field(default_factory=list)  #: extra text files, one text per line
     cov_samples: int = 100_000  #: at most this many preserved-knowledge texts

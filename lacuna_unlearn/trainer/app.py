@@ -193,6 +193,9 @@ def preflight(cfg: Any) -> None:
             if key not in theirs:
                 raise ValueError(f"trainer.args.{key}: not a TrainingArguments setting")
             defaults[key] = theirs[key]
+    from lacuna_unlearn.trainer.schedule import check_min_lr_ratio
+
+    check_min_lr_ratio(args.get("min_lr_ratio"), args.get("lr_scheduler_type"))
     for key, value in args.items():
         default = defaults[key]
         if isinstance(default, bool):

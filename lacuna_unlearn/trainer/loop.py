@@ -40,6 +40,8 @@ from lacuna_unlearn.lora import LoraSettings
 from lacuna_unlearn.methods import Method
 from lacuna_unlearn.qa.encoding import leading_special_ids
 from lacuna_unlearn.qa.unlearn_data import ForgetRetainDataset, QADataset, collate_forget_retain, eos_appended
+from lacuna_unlearn.trainer.restrict import exempt_from_decay
+from lacuna_unlearn.trainer.schedule import check_min_lr_ratio, warmup_cosine_factor
 
 __all__ = ["TrainConfig", "UnlearnTrainer", "freeze_input_embeddings", "unlearn"]
 
@@ -53,6 +55,12 @@ class UnlearnTrainer(Trainer):
     ready-made ``optimizers=`` pair). ``grad_masks``: the restriction's per-parameter masks, applied to the
     sharded gradients after every backward when the model is FSDP2-sharded (the restriction's hooks live on
     the unsharded parameters, which FSDP replaces).
+
+    Weight decay skips biases and norms, as HF Trainer's own grouping does (``get_decay_parameter_names``;
+    :func:`~lacuna_unlearn.trainer.restrict.exempt_from_decay`), whatever groups are given. ``min_lr_ratio``: with
+    ``lr_scheduler_type`` ``cosine``, LACUNA's schedule (:func:`~lacuna_unlearn.trainer.schedule.warmup_cosine_factor`:
+    no step at learning rate 0, cosine down to this share of the peak at the last step) instead of HF's; None keeps
+    HF's scheduler.
     """
 
     def __init__(
@@ -63,9 +71,11 @@ class UnlearnTrainer(Trainer):
         param_groups: list[dict[str, Any]] | None = None,
         grad_masks: Mapping[str, torch.Tensor | None] | None = None,
         frozen: Sequence[torch.nn.Parameter] = (),
+        min_lr_ratio: float | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(*args, **kwargs)
+        self.min_lr_ratio = check_min_lr_ratio(min_lr_ratio, self.args.lr_scheduler_type)
         self.method = method
         self.ref_model = ref_model
         self.last_logs: dict[str, float] = {}
@@ -88,6 +98,7 @@ class UnlearnTrainer(Trainer):
             if groups is None or opt_model is not self.model:  # FSDP1 builds it on the wrapped model
                 trainable = [p for p in opt_model.parameters() if p.requires_grad]
                 groups = [{"params": trainable, "weight_decay": float(self.args.weight_decay)}]
+            groups = exempt_from_decay(groups, opt_model, set(self.get_decay_parameter_names(opt_model)))
             self.optimizer = torch.optim.AdamW(
                 groups,
                 lr=self.args.learning_rate,
@@ -98,6 +109,18 @@ class UnlearnTrainer(Trainer):
             if any(id(p) in held for p in self._frozen):  # AdamW's weight decay alone would move them
                 raise RuntimeError("a frozen parameter (the input embeddings) reached the optimizer")
         return self.optimizer
+
+    def create_scheduler(self, num_training_steps: int, optimizer=None):  # noqa: ANN001, ANN201
+        if self.lr_scheduler is None and self.min_lr_ratio is not None:
+            optimizer = optimizer if optimizer is not None else self.optimizer
+            warmup, floor = self.args.get_warmup_steps(num_training_steps), self.min_lr_ratio
+
+            def factor(step: int) -> float:
+                return warmup_cosine_factor(step, warmup=warmup, total=num_training_steps, floor=floor)
+
+            self.lr_scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+            self._created_lr_scheduler = True
+        return super().create_scheduler(num_training_steps, optimizer)
 
     def training_step(self, model, inputs, num_items_in_batch=None):  # noqa: ANN001, ANN201
         loss = super().training_step(model, inputs, num_items_in_batch)
@@ -186,6 +209,7 @@ class TrainConfig:
     weight_decay: float = 0.0
     lr_scheduler_type: str = "constant"
     warmup_steps: float = 0  # an int, or a float < 1 = ratio of the total steps (transformers 5)
+    min_lr_ratio: float | None = None  # cosine only: LACUNA's schedule down to this share of the peak (None: HF's)
     max_length: int = 256
     seed: int = 42
     max_steps: int = -1
@@ -360,6 +384,7 @@ def unlearn(
         param_groups=groups,
         grad_masks=resolved,
         frozen=[frozen["weight"]] if frozen is not None else (),
+        min_lr_ratio=train.min_lr_ratio,
     )
     if ref_model is not None:
         ref_model.to(args.device)

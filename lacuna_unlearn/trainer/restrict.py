@@ -65,6 +65,7 @@ __all__ = [
     "RestrictionHandle",
     "apply_restriction",
     "check_optimizer",
+    "exempt_from_decay",
     "param_groups",
     "intersect",
     "parse_restriction",
@@ -364,6 +365,33 @@ def param_groups(
         {"params": no_decay, "weight_decay": 0.0},
     ]
     return [g for g in groups if g["params"]]
+
+
+def exempt_from_decay(
+    groups: Iterable[Mapping[str, Any]], model: torch.nn.Module, decay_parameter_names: Collection[str]
+) -> list[dict[str, Any]]:
+    """``groups`` with every parameter outside ``decay_parameter_names`` moved to a ``weight_decay=0`` group.
+
+    HF Trainer decays only ``trainer.get_decay_parameter_names(model)`` (every weight but biases and norms): decay
+    pulls a LayerNorm/RMSNorm gain towards 0, not towards its natural 1, and a bias has no scale to regularise.
+    Groups whose ``weight_decay`` is already 0 are kept as they are; the exempt parameters of a decayed group get a
+    group of their own with the same other settings. Parameters not found in ``model`` keep their group."""
+    names = {id(p): n for n, p in model.named_parameters()}
+    out: list[dict[str, Any]] = []
+    for group in groups:
+        group = dict(group)
+        if not group.get("weight_decay"):
+            out.append(group)
+            continue
+        params = list(group["params"])
+        exempt = [p for p in params if id(p) in names and names[id(p)] not in decay_parameter_names]
+        left_out = {id(p) for p in exempt}
+        kept = [p for p in params if id(p) not in left_out]
+        if kept:
+            out.append({**group, "params": kept})
+        if exempt:
+            out.append({**group, "params": exempt, "weight_decay": 0.0})
+    return out
 
 
 def check_optimizer(

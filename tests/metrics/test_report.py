@@ -117,19 +117,23 @@ def test_every_rate_carries_its_persons():
     report = run_markdown(_run())
     header = _header(report)
     cells = dict(zip(header, _row(report, "grad_diff"), strict=True))
-    assert cells["forget leak: unlearned → relearned"] == "0.00 → 0.00 (n=6)"
-    assert cells["retain acc: unlearned → relearned"] == "1.00 → 0.40 (n=5)"  # relearned retain acc in the table
+    assert cells["forget leak: unlearned → attack=relearn"] == "0.00 → 0.00 (n=6)"
+    assert cells["retain acc: unlearned → attack=relearn"] == "1.00 → 0.40 (n=5)"  # relearned retain acc in the table
     assert cells["J_W"] == "0.00 (n=6)"
-    assert cells["Success@200: unlearned → relearned"] == "1.00 → 1.00 (n=6)"
+    assert cells["Success@200: unlearned → attack=relearn"] == "1.00 → 1.00 (n=6)"
     assert cells["forget EM / ES / Prob"] == "0.50 / 0.25 / 0.12 (n=6)"
     base = dict(zip(header, _row(report, "before unlearning"), strict=True))
-    assert base["forget leak: unlearned → relearned"] == "1.00 (n=6)"
-    assert base["retain acc: unlearned → relearned"] == "1.00 (n=5)"
+    assert base["forget leak: unlearned → attack=relearn"] == "1.00 (n=6)"
+    assert base["retain acc: unlearned → attack=relearn"] == "1.00 (n=5)"
     # every rate cell of every method row names its n
     for name in ("grad_diff", "memflex", "oracle_grad"):
         row = dict(zip(header, _row(report, name), strict=True))
-        rates = ["forget EM / ES / Prob", "forget leak: unlearned → relearned", "retain acc: unlearned → relearned"]
-        for column in [*rates, "J_W", "Success@200: unlearned → relearned"]:
+        rates = [
+            "forget EM / ES / Prob",
+            "forget leak: unlearned → attack=relearn",
+            "retain acc: unlearned → attack=relearn",
+        ]
+        for column in [*rates, "J_W", "Success@200: unlearned → attack=relearn"]:
             assert re.search(r"\(n=\d+\)$", row[column]), (name, column, row[column])
         assert row["held-out retain acc"] == row["cross-field acc"] == "n/a"  # not in these results
 
@@ -141,8 +145,8 @@ def test_intervals_are_shown_where_the_results_carry_them():
     beh["ci"] = {"forget_leak": [0.0, 0.39]}
     results["methods"]["grad_diff"]["attack"]["ci"] = {"success_at_n_relearned": [0.61, 1.0]}
     cells = dict(zip(_header(run_markdown(results)), _row(run_markdown(results), "grad_diff"), strict=True))
-    assert cells["forget leak: unlearned → relearned"] == "0.00 [0.00, 0.39] → 0.00 (n=6)"
-    assert cells["Success@200: unlearned → relearned"] == "1.00 → 1.00 [0.61, 1.00] (n=6)"
+    assert cells["forget leak: unlearned → attack=relearn"] == "0.00 [0.00, 0.39] → 0.00 (n=6)"
+    assert cells["Success@200: unlearned → attack=relearn"] == "1.00 → 1.00 [0.61, 1.00] (n=6)"
     from lacuna_metrics.behaviour.intervals import rate_interval
 
     beh["ci"] = {"forget_leak": rate_interval([0.0] * 6, metric="forget_leak")}
@@ -150,8 +154,8 @@ def test_intervals_are_shown_where_the_results_carry_them():
         "success_at_n_relearned": rate_interval([1.0] * 6, metric="success_at_n_relearned")
     }
     cells = dict(zip(_header(run_markdown(results)), _row(run_markdown(results), "grad_diff"), strict=True))
-    assert cells["forget leak: unlearned → relearned"] == "0.00 [0.00, 0.46] → 0.00 (n=6)"
-    assert cells["Success@200: unlearned → relearned"] == "1.00 → 1.00 [0.54, 1.00] (n=6)"
+    assert cells["forget leak: unlearned → attack=relearn"] == "0.00 [0.00, 0.46] → 0.00 (n=6)"
+    assert cells["Success@200: unlearned → attack=relearn"] == "1.00 → 1.00 [0.54, 1.00] (n=6)"
 
 
 def test_cells_on_fewer_than_five_persons_are_marked_and_footnoted():
@@ -163,8 +167,8 @@ def test_cells_on_fewer_than_five_persons_are_marked_and_footnoted():
     results["methods"]["grad_diff"]["attack"]["persons"] = 2
     report = run_markdown(results)
     cells = dict(zip(_header(report), _row(report, "grad_diff"), strict=True))
-    assert cells["forget leak: unlearned → relearned"] == "0.00 → 0.00 (n=4)‡"
-    assert cells["Success@200: unlearned → relearned"] == "1.00 → 1.00 (n=2)‡"
+    assert cells["forget leak: unlearned → attack=relearn"] == "0.00 → 0.00 (n=4)‡"
+    assert cells["Success@200: unlearned → attack=relearn"] == "1.00 → 1.00 (n=2)‡"
     assert cells["J_W"] == "0.00 (n=6)"
     assert "‡" not in "".join(_row(report, "memflex"))
     footnote = next(line for line in report.splitlines() if line.startswith("‡ "))
@@ -219,8 +223,91 @@ def test_older_results_without_by_field_still_render():
         del block["n"]  # written before persons were counted
     report = run_markdown(results)
     cells = dict(zip(_header(report), _row(report, "grad_diff"), strict=True))
-    assert cells["forget leak: unlearned → relearned"] == "0.00 → 0.00"  # no persons recorded, none shown
-    assert cells["Success@200: unlearned → relearned"] == "1.00 → 1.00 (n=6)"  # the attack always recorded them
+    assert cells["forget leak: unlearned → attack=relearn"] == "0.00 → 0.00"  # no persons recorded, none shown
+    assert cells["Success@200: unlearned → attack=relearn"] == "1.00 → 1.00 (n=6)"  # the attack always recorded them
+
+
+def _with_reversibility(results: dict) -> dict:
+    """grad_diff's entry as the reversibility protocol leaves it: restricted relearning from each source, the regime
+    read from the source that recovered most (forget), the held-out attack's regime kept aside."""
+    method = results["methods"]["grad_diff"]
+    n = {"forget_leak": 6, "retain_accuracy": 5}
+    method["reversibility"] = {
+        "protocol": "restricted_relearning",
+        "sources": {
+            "forget": {"forget_leak": 0.8, "retain_accuracy": 1.0, "n": n, "ci": {"forget_leak": [0.5, 1.0]}},
+            "retain": {"forget_leak": 0.2, "retain_accuracy": 1.0, "n": n, "ci": {}},
+            "unrelated": {"forget_leak": 0.0, "retain_accuracy": 1.0, "n": n, "ci": {}},
+        },
+        "regime": {"regime": "reversible_noncatastrophic", "source": "forget", "recovery_ratio": 0.8},
+    }
+    method["heldout_regime"] = method["regime"]
+    method["regime"] = {**method["reversibility"]["regime"], "reversible": True, "protocol": "restricted_relearning"}
+    return results
+
+
+def test_the_relearned_columns_name_the_relearning_they_show():
+    """The forget leak, retain acc and Success@N columns after relearning show the relearning attack of `lacuna
+    attack` (attack=relearn, held-out memorized people); the regime comes from restricted relearning, whose leaks get
+    their own column: the regime's source first, then the others."""
+    results = _with_reversibility(_run())
+    report = run_markdown(results)
+    header = _header(report)
+    assert "forget leak: unlearned → relearned" not in header
+    assert header[2:5] == [
+        "forget leak: unlearned → attack=relearn",
+        "forget leak: unlearned → restricted relearning (regime)",
+        "retain acc: unlearned → attack=relearn",
+    ]
+    cells = dict(zip(header, _row(report, "grad_diff"), strict=True))
+    assert cells["forget leak: unlearned → attack=relearn"] == "0.00 → 0.00 (n=6)"  # the attack's relearned model
+    assert cells["forget leak: unlearned → restricted relearning (regime)"] == (
+        "0.00 → 0.80 [0.50, 1.00] (n=6) from forget; retain 0.20, unrelated 0.00"
+    )
+    assert cells["regime"] == "reversible_noncatastrophic (ρ=0.80, from forget)"
+    memflex = dict(zip(header, _row(report, "memflex"), strict=True))
+    assert memflex["forget leak: unlearned → restricted relearning (regime)"] == "n/a"  # regime from the attack
+    legend = report.split("## Reading this table", 1)[1]
+    assert "- **forget leak: unlearned → restricted relearning (regime)**" in legend
+    rows = ("before unlearning", "grad_diff", "trivial detector (abs before / abs injection)")
+    assert all(len(_row(report, name)) == len(header) for name in rows)
+    trivial = dict(zip(header, _row(report, "trivial detector (abs before / abs injection)"), strict=True))
+    assert trivial["J_W"] == "" and trivial["AUC(F)"] == "0.510 / 0.517"  # the detector's AUCs under the AUCs
+
+
+def test_relearning_plot_names_each_relearning(tmp_path, monkeypatch):
+    """plots/relearning.png labelled the held-out attack's QA leak "the regime's input" while the regime came from
+    restricted relearning: each mark now names its relearning, and the regime's own relearned leak is drawn."""
+    from lacuna_unlearn.bench.report import plots
+
+    drawn = {}
+    real = plots.save_figure
+
+    def capture(fig, path):
+        drawn[path.name] = fig
+        return real(fig, path)
+
+    monkeypatch.setattr(plots, "save_figure", capture)
+    results = _with_reversibility(_run())
+    plots.write_field_plots(tmp_path, results["methods"], {}, field="email")
+    fig = drawn["relearning.png"]
+    (ax,) = fig.axes
+    labels = [t.get_text() for t in fig.legends[0].get_texts()]
+    assert "Success@200, after attack=relearn" in labels
+    assert "QA forget leak after attack=relearn" in labels  # not the regime's input: grad_diff's regime is not
+    restricted = next(lab for lab in labels if "restricted relearning" in lab)
+    assert "the regime's input" in restricted
+    assert "unlearned → after attack=relearn" in ax.get_title()
+    triangles = next(c for c in ax.collections if c.get_label() == restricted)
+    leaks = np.ma.filled(triangles.get_offsets()[:, 1], np.nan)  # matplotlib masks the NaN (no mark)
+    assert leaks[0] == pytest.approx(0.8) and np.isnan(leaks[1:]).all()  # grad_diff's forget source only
+    assert "forget" in [t.get_text() for t in ax.texts]
+    # without the protocol anywhere, the attack's leak is the regime's input and says so
+    drawn.clear()
+    plots.write_field_plots(tmp_path, _run()["methods"], {}, field="email")
+    labels = [t.get_text() for t in drawn["relearning.png"].legends[0].get_texts()]
+    assert "QA forget leak after attack=relearn (the regime's input)" in labels
+    assert not [lab for lab in labels if "restricted" in lab]
 
 
 def test_run_plots_are_written_at_readable_sizes(tmp_path):

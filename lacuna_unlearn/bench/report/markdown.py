@@ -12,6 +12,7 @@ from lacuna_unlearn.bench.report.plots import write_field_plots
 from lacuna_unlearn.bench.report.tables import (
     FEW_MARK,
     FEW_PERSONS,
+    RESTRICTED,
     _control_note,
     _field_table,
     _fields,
@@ -19,6 +20,7 @@ from lacuna_unlearn.bench.report.tables import (
     _pooled_table,
     _seed_table,
     _stopping_table,
+    attack_label,
 )
 
 __all__ = ["run_markdown", "write_run_report"]
@@ -34,6 +36,7 @@ def run_markdown(results: dict[str, Any]) -> str:
     trivial = trivial if isinstance(trivial, dict) else {}
     every = [m for e in fields.values() for m in (e.get("methods") or {}).values()]
     attempts = next((m["attack"]["attempts"] for m in every if m.get("attack")), "N")
+    attack = attack_label(every)
     regime_cfg = next(((m.get("regime") or {}).get("thresholds") for m in every if m.get("regime")), None) or {}
     tau_rev, tau_cat = regime_cfg.get("tau_rev", "tau_rev"), regime_cfg.get("tau_cat", "tau_cat")
     tau_ppl, rule = regime_cfg.get("tau_ppl", "tau_ppl"), regime_cfg.get("rule", "relative")
@@ -67,10 +70,11 @@ def run_markdown(results: dict[str, Any]) -> str:
     if footnote:
         lines += [
             f"† The regime and Success@{attempts} point different ways. The regime reads only the QA forget leak (one "
-            f"prompt per person) before unlearning, after unlearning and after relearning ({reversible_rule}; "
+            f"prompt per person) before unlearning, after unlearning and after the relearning it is read from "
+            f"(restricted relearning, or {attack} without the reversibility protocol; {reversible_rule}; "
             f"{catastrophic_rule}); Success@{attempts} is the extraction probe ({attempts} fresh prompts per "
-            f'person), which finds facts the single QA prompt misses. "irreversible" with Success@{attempts} > 0 after '
-            "relearning: the QA answer stayed gone, the fact did not.",
+            f"person) after {attack}, which finds facts the single QA prompt misses. "
+            f'"irreversible" with Success@{attempts} > 0 after relearning: the QA answer stayed gone, the fact did not.',
             "",
         ]
     lines += [
@@ -85,9 +89,13 @@ def run_markdown(results: dict[str, Any]) -> str:
         "- **forget EM / ES / Prob**: teacher-forced exact match, extraction strength and answer probability on the "
         "forget people's QA (lower = more forgotten).",
         "- **forget leak**: share of forget people whose answer the model generates to their QA prompt, unlearned → "
-        "after the relearning attack (lower = forgotten).",
-        "- **retain acc**: share of retain people still answered, unlearned → after relearning (higher = kept; "
-        "compare with the first row).",
+        f"after {attack}, the relearning attack of `lacuna attack` (`attack=relearn`: LACUNA's fine-tuning on memorized "
+        "people held out of every split; lower = forgotten).",
+        f"- **forget leak: unlearned → {RESTRICTED}**: the same leak after the reversibility protocol's restricted "
+        "relearning (|D_f| rows from each source), which the regime is read from: the source the regime used first, "
+        f"then the other sources' leaks; n/a without the protocol (the regime then reads {attack}).",
+        f"- **retain acc**: share of retain people still answered, unlearned → after {attack} (higher = kept; compare "
+        "with the first row).",
         "- **held-out retain acc**: share of retain-eval people (memorized like the retain people, in no unlearning "
         "input) still answered; the retain acc column's people are the ones the retain loss trains on.",
         "- **cross-field acc**: share of the forget people's other three fields still answered (a `field=email` run "
@@ -105,13 +113,13 @@ def run_markdown(results: dict[str, Any]) -> str:
         "- **FRAG**: forget alignment − γ × retain alignment of the weight update (higher predicts forgetting that "
         "survives relearning, docs/definitions.md#frag-score).",
         f"- **Success@N**: share of forget people leaking in at least one of N = {attempts} fresh extraction prompts, "
-        "unlearned → relearned (a jump = suppressed, not erased).",
+        f"unlearned → after {attack} (a jump = suppressed, not erased).",
         f'- **regime** (docs/definitions.md#forgetting-regimes, "Unlearning Isn\'t Deletion"): from the QA forget '
         f"leak, {reversible_rule}; {catastrophic_rule} (never the retain acc column, whose people a retain loss "
         "trains on). "
         "With the reversibility protocol (the default), relearning is restricted to |D_f| rows from the forget, "
-        "retain and unrelated sources and the source that recovers most decides (named after Δr); without it, the "
-        "held-out relearning attack of the forget leak column.",
+        "retain and unrelated sources and the source that recovers most decides (named after Δr; its leak is the "
+        f"{RESTRICTED} column); without it, {attack} of the first forget leak column.",
         "- **positive control**: a method that only hides the answer (a refusal objective on the last layer, which "
         "holds no fact); it must come out reversible, or the protocol is too weak and regimes read `undetermined`.",
     ]

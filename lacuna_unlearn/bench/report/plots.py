@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from lacuna_metrics import heatmap, pyplot, save_figure
+from lacuna_unlearn.bench.report.tables import attack_label
 
 __all__ = ["write_field_plots"]
 
@@ -52,6 +53,84 @@ def _axis_ranges(values: list[float]) -> list[tuple[float, float]]:
         if gap > 0.12 and gap > 2 * ((low[-1] - low[0]) + (high[-1] - high[0])):
             return [padded(high[0], high[-1]), padded(low[0], low[-1])]
     return [padded(vals[0], vals[-1])]
+
+
+def _restricted_leak(method: dict[str, Any]) -> tuple[float | None, str | None]:
+    """The QA forget leak after restricted relearning from the source the regime was read from, and that source
+    (None, None without the reversibility protocol)."""
+    rev = method.get("reversibility") or {}
+    sources = rev.get("sources") or {}
+    source = (rev.get("regime") or {}).get("source") or (method.get("regime") or {}).get("source")
+    if source not in sources:
+        return None, None
+    return sources[source].get("forget_leak"), source
+
+
+def _regime_from_heldout(method: dict[str, Any]) -> bool:
+    """Whether the method's regime was read from the held-out relearning attack (no reversibility protocol)."""
+    return not method.get("reversibility") and bool(method.get("regime"))
+
+
+def _relearning_plot(plt: Any, np: Any, path: Path, methods: dict[str, Any], names: list[str], where: str) -> Path:
+    """``relearning.png``: per method, Success@N unlearned and after the held-out relearning attack (bars), the QA
+    forget leak after that attack (diamonds) and after the restricted relearning the regime is read from
+    (triangles, with its source). Each mark names its relearning: they are different attacks on different rows."""
+    attacked = [n for n in names if methods[n].get("attack")]
+    first = methods[attacked[0]]["attack"] if attacked else {}
+    attempts = first.get("attempts", "N")
+    attack = attack_label(methods[n] for n in names)  # attack=relearn: LACUNA's, on held-out memorized people
+    persons = {methods[n]["attack"].get("persons") for n in attacked} - {None}
+    count = persons.pop() if len(persons) == 1 else None
+    n_text = "" if count is None else f"n={count} forget person{'' if count == 1 else 's'}"
+    fig, ax = plt.subplots(figsize=(max(10.0, 1.3 * len(names) + 3.5), 5.2), layout="constrained")
+    x = np.arange(len(names))
+    width = 0.38
+    if attacked:
+        for k, (key, label, color) in enumerate(
+            (("success_at_n_unlearned", "unlearned", "tab:blue"), ("success_at_n_relearned", f"after {attack}",
+                                                                   "tab:red"))
+        ):  # fmt: skip
+            pos = x + (k - 0.5) * width
+            vals = [(methods[n].get("attack") or {}).get(key) for n in names]
+            heights = [np.nan if v is None else v for v in vals]
+            ax.bar(pos, heights, width, color=color, label=f"Success@{attempts}, {label}")
+            for px, v in zip(pos, vals, strict=True):
+                ax.annotate("n/a" if v is None else f"{v:.2f}", (px, 0 if v is None else v), xytext=(0, 6),
+                            textcoords="offset points", ha="center", va="bottom", fontsize=9)  # fmt: skip
+                if v == 0:  # a zero bar is a visible tick at 0, not missing data
+                    ax.plot([px - width / 2, px + width / 2], [0, 0], color=color, lw=3, solid_capstyle="butt")
+    leak = [(methods[n].get("relearned_behaviour") or {}).get("forget_leak") for n in names]
+    if any(v is not None for v in leak):
+        regime_input = all(_regime_from_heldout(methods[n]) for n, v in zip(names, leak, strict=True) if v is not None)
+        ax.scatter(
+            x + 0.5 * width, [np.nan if v is None else v for v in leak], marker="D", s=28, color="black", zorder=5,
+            label=f"QA forget leak after {attack}" + (" (the regime's input)" if regime_input else ""),
+        )  # fmt: skip
+    restricted = [_restricted_leak(methods[n]) for n in names]
+    if any(v is not None for v, _ in restricted):
+        ax.scatter(
+            x + width + 0.07, [np.nan if v is None else v for v, _ in restricted], marker="^", s=46,
+            color="tab:purple", edgecolors="black", linewidths=0.5, zorder=6,
+            label="QA forget leak after restricted relearning, from the source the regime is read from (the "
+            "regime's input)",
+        )  # fmt: skip
+        for px, (v, source) in zip(x + width + 0.07, restricted, strict=True):
+            if v is not None:
+                ax.annotate(source, (px, v), xytext=(4, 2), textcoords="offset points", ha="left", va="bottom",
+                            fontsize=8, color="tab:purple")  # fmt: skip
+    ax.set_xticks(x, names, rotation=20, fontsize=10)
+    ax.set_ylim(-0.02, 1.15)
+    ax.set_ylabel("share of forget people", fontsize=10)
+    title = (
+        f"Extraction Success@{attempts}: unlearned → after {attack}" if attacked else "QA forget leak after relearning"
+    )
+    ax.set_title(title + "\n" + ", ".join(t for t in (n_text, where) if t), fontsize=12)
+    ax.grid(axis="y", alpha=0.3)
+    handles, labels = ax.get_legend_handles_labels()
+    order = sorted(range(len(labels)), key=lambda i: labels[i].startswith("QA"))  # the bars first
+    fig.legend([handles[i] for i in order], [labels[i] for i in order], fontsize=9, loc="outside lower center",
+               ncols=2, frameon=False)  # fmt: skip
+    return save_figure(fig, path)
 
 
 def write_field_plots(
@@ -158,44 +237,9 @@ def write_field_plots(
         fig.supxlabel("grey: the method left this layer and component unchanged", fontsize=9, color="#555555")
         written.append(save_figure(fig, plots / f"layers{suffix}.png"))
 
-    attacked = [n for n in names if methods[n].get("attack")]
-    if attacked:
-        first = methods[attacked[0]]["attack"]
-        persons = {methods[n]["attack"].get("persons") for n in attacked} - {None}
-        count = persons.pop() if len(persons) == 1 else None
-        n_text = "" if count is None else f"n={count} forget person{'' if count == 1 else 's'}"
-        fig, ax = plt.subplots(figsize=(max(10.0, 1.3 * len(attacked) + 3.5), 5.0), layout="constrained")
-        x = np.arange(len(attacked))
-        width = 0.38
-        for k, (key, label, color) in enumerate(
-            (("success_at_n_unlearned", "unlearned", "tab:blue"), ("success_at_n_relearned", "after relearning", "tab:red"))
-        ):  # fmt: skip
-            pos = x + (k - 0.5) * width
-            vals = [methods[n]["attack"].get(key) for n in attacked]
-            heights = [np.nan if v is None else v for v in vals]
-            ax.bar(pos, heights, width, color=color, label=f"Success@{first['attempts']}, {label}")
-            for px, v in zip(pos, vals, strict=True):
-                ax.annotate("n/a" if v is None else f"{v:.2f}", (px, 0 if v is None else v), xytext=(0, 6),
-                            textcoords="offset points", ha="center", va="bottom", fontsize=9)  # fmt: skip
-                if v == 0:  # a zero bar is a visible tick at 0, not missing data
-                    ax.plot([px - width / 2, px + width / 2], [0, 0], color=color, lw=3, solid_capstyle="butt")
-        leak = [(methods[n].get("relearned_behaviour") or {}).get("forget_leak") for n in attacked]
-        if any(v is not None for v in leak):
-            ax.scatter(
-                x + 0.5 * width, [np.nan if v is None else v for v in leak], marker="D", s=28, color="black",
-                zorder=5, label="QA forget leak after relearning (the regime's input)",
-            )  # fmt: skip
-        ax.set_xticks(x, attacked, rotation=20, fontsize=10)
-        ax.set_ylim(-0.02, 1.15)
-        ax.set_ylabel(f"Success@{first['attempts']} (share of forget people)", fontsize=10)
-        title = f"Extraction Success@{first['attempts']}: unlearned → after the relearning attack"
-        ax.set_title(title + "\n" + ", ".join(t for t in (n_text, where) if t), fontsize=12)
-        ax.grid(axis="y", alpha=0.3)
-        handles, labels = ax.get_legend_handles_labels()
-        order = sorted(range(len(labels)), key=lambda i: labels[i].startswith("QA"))  # the bars first
-        fig.legend([handles[i] for i in order], [labels[i] for i in order], fontsize=9, loc="outside lower center",
-                   ncols=3, frameon=False)  # fmt: skip
-        written.append(save_figure(fig, plots / f"relearning{suffix}.png"))
+    relearned = [n for n in names if methods[n].get("attack") or _restricted_leak(methods[n])[0] is not None]
+    if relearned:
+        written.append(_relearning_plot(plt, np, plots / f"relearning{suffix}.png", methods, relearned, where))
     curves = {n: m["trajectory"] for n, m in methods.items() if (m.get("trajectory") or {}).get("points")}
     if curves:
         fig, (left, right) = plt.subplots(1, 2, figsize=(13.0, 5.2), layout="constrained")

@@ -4,16 +4,29 @@ assembles them into ``report.md``."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 from lacuna_metrics import fmt as _fmt
 
-__all__ = ["FEW_MARK", "FEW_PERSONS", "SEED_COLUMNS", "disagrees"]
+__all__ = ["FEW_MARK", "FEW_PERSONS", "RESTRICTED", "SEED_COLUMNS", "attack_label", "disagrees"]
 
 #: A rate resting on fewer persons than this is marked with :data:`FEW_MARK` beside its ``n`` and footnoted: its
 #: exact interval spans most of [0, 1] whatever the outcome (0 of 4 persons: [0, 0.60]).
 FEW_PERSONS = 5
 FEW_MARK = "‡"
+
+#: How the report names the restricted relearning of the reversibility protocol, which the regime is read from
+#: (``reversibility.sources``); :func:`attack_label` names the other relearning it shows.
+RESTRICTED = "restricted relearning (regime)"
+
+
+def attack_label(methods: Iterable[dict[str, Any]]) -> str:
+    """How the report names the relearning attack behind Success@N and the ``relearned_behaviour`` rates: its preset,
+    ``attack=relearn`` by default (LACUNA's relearning on memorized people held out of every split), so that it is
+    never read as the restricted relearning the regime comes from."""
+    protocols = {(m.get("attack") or {}).get("protocol") for m in methods} - {None}
+    return f"attack={protocols.pop()}" if len(protocols) == 1 else "relearning attack"
 
 
 def _pct(value: Any) -> str:
@@ -60,6 +73,19 @@ def _relearned(beh: dict[str, Any], rel: dict[str, Any], key: str) -> str:
     return _change(beh.get(key), rel.get(key), n, (beh.get("ci") or {}).get(key), (rel.get("ci") or {}).get(key))
 
 
+def _restricted(beh: dict[str, Any], method: dict[str, Any]) -> str:
+    """The forget leak unlearned → after restricted relearning (the reversibility protocol the regime is read from):
+    the regime's source first, with its interval and persons, then every other source's leak; ``n/a`` without the
+    protocol (the regime then comes from the held-out relearning attack)."""
+    rev = method.get("reversibility") or {}
+    sources = rev.get("sources") or {}
+    chosen = (rev.get("regime") or {}).get("source") or (method.get("regime") or {}).get("source")
+    if chosen not in sources:
+        return "n/a"
+    others = ", ".join(f"{s} {_pct(r.get('forget_leak'))}" for s, r in sources.items() if s != chosen)
+    return f"{_relearned(beh, sources[chosen], 'forget_leak')} from {chosen}" + (f"; {others}" if others else "")
+
+
 def _fields(results: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """Per field: ``baseline`` and ``methods`` (every field of ``by_field``; older results: the top-level field)."""
     by_field = results.get("by_field")
@@ -94,11 +120,12 @@ def _field_table(entry: dict[str, Any], trivial: dict[str, Any], attempts: Any) 
     """The field's table, whether a regime cell carries the † footnote, and whether a rate rests on fewer than
     :data:`FEW_PERSONS` persons (the ‡ footnote)."""
     base = (entry.get("baseline") or {}).get("behaviour") or {}
+    attack = attack_label((entry.get("methods") or {}).values())
     lines = [
-        f"| method | forget EM / ES / Prob | forget leak: unlearned → relearned | retain acc: unlearned → relearned "
-        f"| held-out retain acc | cross-field acc | neutral ppl ratio | J_W | AUC(F) | AUC(F-R) | AUC(F vs R) | FRAG "
-        f"| Success@{attempts}: unlearned → relearned | regime |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        f"| method | forget EM / ES / Prob | forget leak: unlearned → {attack} | forget leak: unlearned → {RESTRICTED} "
+        f"| retain acc: unlearned → {attack} | held-out retain acc | cross-field acc | neutral ppl ratio | J_W | AUC(F) "
+        f"| AUC(F-R) | AUC(F vs R) | FRAG | Success@{attempts}: unlearned → {attack} | regime |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
 
     def memorization(b: dict[str, Any]) -> str:
@@ -109,9 +136,9 @@ def _field_table(entry: dict[str, Any], trivial: dict[str, Any], attempts: Any) 
         return " / ".join(_pct(v) for v in values) + _n(n)
 
     lines.append(
-        f"| before unlearning | {memorization(base)} | {_rate(base, 'forget_leak')} | {_rate(base, 'retain_accuracy')} "
-        f"| {_rate(base, 'retain_eval_accuracy')} | {_rate(base, 'crossfield_accuracy')} | {_ppl(base)} "
-        f"| {_rate(base, 'j_w')} | | | | | | |"
+        f"| before unlearning | {memorization(base)} | {_rate(base, 'forget_leak')} | {_rate(base, 'forget_leak')} "
+        f"| {_rate(base, 'retain_accuracy')} | {_rate(base, 'retain_eval_accuracy')} "
+        f"| {_rate(base, 'crossfield_accuracy')} | {_ppl(base)} | {_rate(base, 'j_w')} | | | | | | |"
     )
     footnote = False
     for name, m in (entry.get("methods") or {}).items():
@@ -127,7 +154,7 @@ def _field_table(entry: dict[str, Any], trivial: dict[str, Any], attempts: Any) 
             e = entry.get("best") or {}
             return "n/a" if e.get("value") is None else f"{e['value']:.3f} ({e.get('score')})"
 
-        attack = (
+        success = (
             _change(
                 att.get("success_at_n_unlearned"), att.get("success_at_n_relearned"), att.get("persons"),
                 (att.get("ci") or {}).get("success_at_n_unlearned"), (att.get("ci") or {}).get("success_at_n_relearned"),
@@ -141,10 +168,11 @@ def _field_table(entry: dict[str, Any], trivial: dict[str, Any], attempts: Any) 
             footnote = True
         frag = m.get("frag")
         lines.append(
-            f"| {name} | {memorization(beh)} | {_relearned(beh, rel, 'forget_leak')} | {_relearned(beh, rel, 'retain_accuracy')} "
+            f"| {name} | {memorization(beh)} | {_relearned(beh, rel, 'forget_leak')} | {_restricted(beh, m)} "
+            f"| {_relearned(beh, rel, 'retain_accuracy')} "
             f"| {_rate(beh, 'retain_eval_accuracy')} | {_rate(beh, 'crossfield_accuracy')} | {_ppl_ratio(beh)} "
             f"| {_rate(beh, 'j_w')} | {best('forget')} | {best('unified')} | {best('forget_vs_retain')} "
-            f"| {'n/a' if frag is None else f'{frag:.3g}'} | {attack} | {label} |"
+            f"| {'n/a' if frag is None else f'{frag:.3g}'} | {success} | {label} |"
         )
     control = entry.get("positive_control")
     if control:
@@ -153,7 +181,7 @@ def _field_table(entry: dict[str, Any], trivial: dict[str, Any], attempts: Any) 
         beh = control.get("behaviour") or {}
         lines.append(
             f"| positive control: {control.get('name')} | {memorization(beh)} | {_rate(beh, 'forget_leak')} "
-            f"| {_rate(beh, 'retain_accuracy')} | {_rate(beh, 'retain_eval_accuracy')} "
+            f"| {_restricted(beh, control)} | {_rate(beh, 'retain_accuracy')} | {_rate(beh, 'retain_eval_accuracy')} "
             f"| {_rate(beh, 'crossfield_accuracy')} | {_ppl_ratio(beh)} | {_rate(beh, 'j_w')} | | | | | | {label} |"
         )
     if trivial:
@@ -163,7 +191,8 @@ def _field_table(entry: dict[str, Any], trivial: dict[str, Any], attempts: Any) 
             cells.append(
                 " / ".join(f"{t[k]:.3f}" for k in ("before_magnitude", "injection_magnitude") if t.get(k) is not None)
             )
-        lines.append(f"| trivial detector (abs before / abs injection) | | | | | | | {' | '.join(cells)} | | | |")
+        empty = " |" * 8  # forget EM ... J_W: the detector's AUCs go under the AUC columns
+        lines.append(f"| trivial detector (abs before / abs injection) |{empty} {' | '.join(cells)} | | | |")
     return lines, footnote, any(f"){FEW_MARK}" in line for line in lines[2:])
 
 

@@ -22,8 +22,9 @@ target = `` I don't know.`` in the answer format (`` target\\n``). Per batch of 
    K_pK_pᵀ += K₁K₁ᵀ of the edited model (keys of earlier edits are preserved by later ones).
 
 Preserved-knowledge keys K₀ come from local text (``cov_text``): ``retain`` = the QA text of the data's retain
-split (every field), ``neutral`` = the testbed's neutral corpus (rebuilt deterministically from the testbed
-manifest; only when the data lives inside a testbed), plus ``cov_files``. LACUNA used Wikipedia + retain with
+split (every field), ``neutral`` = the neutral documents the testbed trained on (rebuilt deterministically from the
+testbed manifest; only when the data lives inside a testbed), plus ``cov_files``. No preserved text is a document of
+the testbed's held-out neutral slice, which the neutral-perplexity probe scores. LACUNA used Wikipedia + retain with
 100k samples; there are no downloads here. The second moments are cached under ``$LACUNA_CACHE/alpha_edit``,
 keyed by a SHA-256 fingerprint of weights, tokenizer, texts, module and layers
 (:mod:`lacuna_unlearn.methods.alpha_edit.keys`).

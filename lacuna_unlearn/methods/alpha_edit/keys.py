@@ -23,6 +23,7 @@ __all__ = [
     "AUTO",
     "cached_second_moments",
     "edited_module",
+    "held_out_neutral",
     "input_dim",
     "key_second_moments",
     "module_at",
@@ -148,7 +149,12 @@ def key_second_moments(
 
 
 def preserved_texts(cfg: AlphaEditSettings, data: Any) -> tuple[list[str], dict[str, Any]]:
-    """The preserved-knowledge texts of ``cov_text`` / ``cov_files`` and where they came from."""
+    """The preserved-knowledge texts of ``cov_text`` / ``cov_files`` and where they came from.
+
+    None of them is a document of the testbed's held-out neutral slice (``data/neutral_heldout.jsonl``): the
+    neutral-perplexity probe reads that slice to see whether a method damaged text it never saw, and keys read from
+    it would keep the edit off exactly the text the probe scores. ``sources["neutral_heldout_excluded"]`` counts the
+    texts left out for that reason."""
     from lacuna_tasks import qa_text
 
     texts: list[str] = []
@@ -157,8 +163,9 @@ def preserved_texts(cfg: AlphaEditSettings, data: Any) -> tuple[list[str], dict[
         rows = data.splits.get("retain", []) if data is not None else []
         texts += [qa_text(r["question"], r["answer"]) for r in rows]
         sources["retain"] = len(rows)
+    testbed = _testbed_dir(data)
     if "neutral" in cfg.cov_text:
-        neutral = _testbed_neutral(data)
+        neutral = _testbed_neutral(testbed) if testbed is not None else None
         sources["neutral"] = len(neutral) if neutral is not None else "unavailable (the data is not inside a testbed)"
         texts += neutral or []
     for path in cfg.cov_files:
@@ -168,30 +175,54 @@ def preserved_texts(cfg: AlphaEditSettings, data: Any) -> tuple[list[str], dict[
         lines = [line for line in file.read_text(encoding="utf-8").splitlines() if line.strip()]
         texts += lines
         sources[str(file)] = len(lines)
-    return texts[: cfg.cov_samples], sources
+    held_out = held_out_neutral(testbed) if testbed is not None else set()
+    kept = [t for t in texts if t not in held_out]
+    if testbed is not None:
+        sources["neutral_heldout_excluded"] = len(texts) - len(kept)
+    return kept[: cfg.cov_samples], sources
 
 
-def _testbed_neutral(data: Any) -> list[str] | None:
-    """The testbed's neutral corpus, rebuilt from its manifest (deterministic in the seed), or None."""
+def _testbed_dir(data: Any) -> Path | None:
+    """The testbed directory holding ``data`` (its ``data/`` or the testbed itself), or None."""
     if data is None:
         return None
-    from lacuna_unlearn.testbed.corpus import build_corpus
-
     source = Path(str(data.source))
     for candidate in (source, source.parent):
         manifest = candidate / "manifest.json"
         if manifest.is_file():
-            content = json.loads(manifest.read_text(encoding="utf-8"))
-            if content.get("kind") != "lacuna-bench-testbed":
+            try:
+                content = json.loads(manifest.read_text(encoding="utf-8"))
+            except (OSError, ValueError):
                 continue
-            config = content.get("config") or {}
-            keys = ("profiles_per_group", "distractor_profiles", "bios_per_person", "qa_per_field", "lorem_paragraphs")
-            if not all(k in config for k in keys):
-                return None
-            kwargs = {k: config[k] for k in keys}
-            corpus = build_corpus(**kwargs, num_groups=config.get("num_groups", 6), seed=config.get("seed", 42))
-            return list(corpus.neutral)
+            if isinstance(content, dict) and content.get("kind") == "lacuna-bench-testbed":
+                return candidate
     return None
+
+
+def _testbed_neutral(testbed: Path) -> list[str] | None:
+    """The neutral documents the testbed trained on, rebuilt from its manifest (deterministic in the seed): the
+    neutral corpus without the seeded share held out for the perplexity probe. None when the manifest does not
+    record the corpus settings."""
+    from lacuna_unlearn.testbed.corpus import build_corpus, hold_out_neutral
+
+    config = json.loads((testbed / "manifest.json").read_text(encoding="utf-8")).get("config") or {}
+    keys = ("profiles_per_group", "distractor_profiles", "bios_per_person", "qa_per_field", "lorem_paragraphs")
+    if not all(k in config for k in keys):
+        return None
+    seed = config.get("seed", 42)
+    corpus = build_corpus(**{k: config[k] for k in keys}, num_groups=config.get("num_groups", 6), seed=seed)
+    # testbeds built before the held-out slice existed record no share: they held nothing out
+    trained, _ = hold_out_neutral(corpus, float(config.get("neutral_heldout", 0.0)), seed)
+    return list(trained.neutral)
+
+
+def held_out_neutral(testbed: Path) -> set[str]:
+    """The documents of the testbed's held-out neutral slice, as the perplexity probe reads them
+    (``data/neutral_heldout.jsonl``); empty when the testbed has none."""
+    from lacuna_tasks import NEUTRAL_HELDOUT_FILE, read_neutral_heldout
+
+    file = testbed / "data" / NEUTRAL_HELDOUT_FILE
+    return set(read_neutral_heldout(file)) if file.is_file() else set()
 
 
 def _fingerprint(model_dir: Path, texts: Sequence[str], cfg: AlphaEditSettings) -> str:

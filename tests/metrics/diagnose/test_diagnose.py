@@ -21,6 +21,7 @@ import torch
 
 from lacuna_metrics.diagnose.diagnostics import (
     SCHEMA,
+    SCHEMA_VERSION,
     diagnose_models,
     empirical_fisher,
     fisher_diagonal,
@@ -132,15 +133,18 @@ def test_pca_degenerate_cases():
 
 
 def test_mean_pca_distance():
+    """Index 0 is the embedding output: the default averages the transformer layers 1..L only."""
     shifts = [(3.0, 1.0, 5.0), (0.0, 2.0, 2.0), (-1.0, 0.0, 0.0)]
-    assert mean_pca_distance(shifts) == pytest.approx((5.0 + 0.0 + 1.0) / 3)
-    assert mean_pca_distance(shifts, use_pc2=False) == pytest.approx((3.0 + 0.0 + 1.0) / 3)
-    assert mean_pca_distance(shifts, layers=[0, 2]) == pytest.approx(3.0)
-    assert math.isnan(mean_pca_distance([(1.0, float("nan"), float("nan"))]))
+    assert mean_pca_distance(shifts) == pytest.approx((0.0 + 1.0) / 2)
+    assert mean_pca_distance(shifts, use_pc2=False) == pytest.approx((0.0 + 1.0) / 2)
+    assert mean_pca_distance(shifts, layers=[0, 2]) == pytest.approx(3.0)  # the embedding output, when asked for
+    assert math.isnan(mean_pca_distance([(0.0, 0.0, 0.0), (1.0, float("nan"), float("nan"))]))
     with pytest.raises(ValueError, match="out of range"):
         mean_pca_distance(shifts, layers=[3])
     with pytest.raises(ValueError, match="no layers"):
         mean_pca_distance([])
+    with pytest.raises(ValueError, match="no transformer layer"):
+        mean_pca_distance([(1.0, 0.0, 0.0)])
 
 
 # -- model-level --------------------------------------------------------------------------------------------
@@ -268,6 +272,65 @@ def test_fisher_nonnegative_and_zero_for_frozen(tiny):
         fisher_diagonal(model, tok, texts, labels="all")
 
 
+def _paper_mean_pca_distance(ref_dir: Path, upd_dir: Path, texts: list[str]) -> float:
+    """The paper's mean PCA distance, brute force: for each transformer layer l = 1..L (``hidden_states[l]``; index 0
+    is the embedding output), mean-pool each text's tokens (one text per forward pass: no padding), fit PCA on the
+    reference's vectors, and take the distance between the two centroids in its PC1-PC2 plane; average over the L
+    layers."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    def pooled(path: Path) -> list[np.ndarray]:
+        tok = AutoTokenizer.from_pretrained(path, local_files_only=True)
+        model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True).eval()
+        per_text = []
+        with torch.no_grad():
+            for text in texts:
+                ids = tok(text, return_tensors="pt")
+                assert ids["input_ids"].shape[1] <= 256  # the diagnose call below truncates nothing
+                states = model(**ids, output_hidden_states=True).hidden_states
+                per_text.append([h[0].double().mean(dim=0).numpy() for h in states])
+        return [np.stack([t[layer] for t in per_text]) for layer in range(len(per_text[0]))]
+
+    ref, upd = pooled(ref_dir), pooled(upd_dir)
+    n_layers = len(ref) - 1
+    distances = []
+    for layer in range(1, n_layers + 1):
+        a, b = ref[layer], upd[layer]
+        _, _, vt = np.linalg.svd(a - a.mean(axis=0), full_matrices=False)
+        shift = [float((b @ c).mean() - (a @ c).mean()) for c in vt[:2]]  # the sign of c cancels in the norm
+        distances.append(math.hypot(*shift))
+    return sum(distances) / n_layers
+
+
+def test_mean_pca_distance_is_the_papers_over_the_transformer_layers(tiny_dirs, tmp_path):
+    """Against a brute-force computation of the paper's formula on a tiny model whose embeddings stay put: the
+    embedding output's distance is 0, and averaging it in would report L / (L + 1) of the paper's value."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_dirs.model_dir, local_files_only=True)
+    torch.manual_seed(1)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if ".layers." in name:
+                param.add_(0.05 * torch.randn_like(param))
+    updated = tmp_path / "updated"
+    model.save_pretrained(updated)
+    shutil.copytree(tiny_dirs.model_dir, updated, dirs_exist_ok=True, ignore=shutil.ignore_patterns("*.safetensors",
+                                                                                                    "config.json"))  # fmt: skip
+    texts = calibration_texts(tiny_dirs.data_dir, "forget", 10)
+    result = diagnose_models(tiny_dirs.model_dir, [updated], texts, max_length=256, fisher=False)
+    (upd,) = result["updated"]
+    n_layers = model.config.num_hidden_layers
+    assert result["options"]["mean_pca_distance"]["layers"] == list(range(1, n_layers + 1))
+    assert upd["per_layer"][0]["pca_distance"] == pytest.approx(0.0, abs=1e-9)  # embeddings unchanged
+    expected = _paper_mean_pca_distance(tiny_dirs.model_dir, updated, texts)
+    assert expected > 1e-3
+    assert upd["mean_pca_distance"] == pytest.approx(expected, rel=1e-6)
+    rows = [r["pca_distance"] for r in upd["per_layer"]]
+    assert upd["mean_pca_distance"] == pytest.approx(sum(rows[1:]) / n_layers)
+    assert sum(rows) / (n_layers + 1) == pytest.approx(n_layers / (n_layers + 1) * expected, rel=1e-6)  # the old mean
+
+
 def test_diagnose_identical_models(tiny_dirs, tmp_path):
     texts = calibration_texts(tiny_dirs.data_dir, "forget", 10)
     out = tmp_path / "diag"
@@ -280,7 +343,7 @@ def test_diagnose_identical_models(tiny_dirs, tmp_path):
         out_dir=out,
         plots=True,
     )
-    assert result["schema"] == SCHEMA and result["version"] == 1
+    assert result["schema"] == SCHEMA and result["version"] == SCHEMA_VERSION == 2
     (upd,) = result["updated"]
     assert len(upd["per_layer"]) == len(result["layers"]) == 3
     for row in upd["per_layer"]:
