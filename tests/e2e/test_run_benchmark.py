@@ -30,6 +30,7 @@ def _config(testbed):
             "attack.overrides": ["trainer.args.max_steps=2", "eval_fraction=0"],
             "reversibility.epochs": 1,
             "trajectory.points": 2,
+            "stopping.points": 2,
         },
     )
 
@@ -48,6 +49,7 @@ def test_every_default_method_runs_unlearn_evaluate_and_score(smoke_testbed, tmp
             "attack.enabled": False,
             "reversibility.enabled": False,
             "trajectory.enabled": False,
+            "stopping.enabled": False,
         },
     )
     results = run_benchmark(tmp_path / "run", cfg, log=lambda line: None)
@@ -145,6 +147,12 @@ def test_run_writes_schema_report_and_plots_then_caches(smoke_testbed, tmp_path)
         for source in rev["sources"].values():
             assert source["n"]["forget_leak"] == method["behaviour"]["n"]["forget_leak"]
         assert method["regime"]["regime"]
+        stop = method["stopping"]  # chosen on the validation people, never on forget or retain people
+        assert stop["metric"] == "forget_leak" and stop["people"] >= 1 and stop["curve"]
+        assert 1 <= stop["chosen_step"] <= stop["forget_steps"] == 3
+        if stop["chosen_step"] < stop["forget_steps"]:  # the headline is the stopped run; the end is the ablation
+            assert method["end_of_schedule"]["steps"] == 3 and "forget_leak" in method["end_of_schedule"]["behaviour"]
+    assert on_disk["methods"]["oracle_grad"]["stopping"]["validation_groups"]  # restricted to their own groups
     assert on_disk["methods"]["oracle_grad"]["auc"]["forget"]["best"]["value"] > 0.99  # restricted to the mask
     oracle = on_disk["methods"]["oracle_grad"]["auc"]["forget"]
     assert oracle["calibrated_best"]["value"] > 0.95 and oracle["best_lift"]["value"] > 0.4  # survives calibration
