@@ -66,6 +66,7 @@ _EXPORTS: dict[str, str] = {
         "lacuna_tasks.schema": (
             "FIELDS",
             "FORGET_GROUPS",
+            "LacunaDataError",
             "NEUTRAL_HELDOUT_FILE",
             "NEUTRAL_PPL_TASK",
             "RETAIN_GROUPS",

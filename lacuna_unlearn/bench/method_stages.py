@@ -73,7 +73,7 @@ def method_entry(
         # the headline reads the method at a step chosen on validation people; the full schedule stays as an ablation
         stopping = stopping_point(stages, cfg, ctx, field, overrides, seed, display)
         total = int(manifest.get("scheduled_steps") or manifest["steps"])
-        step = min(total, max(1, round(stopping["fraction"] * total)))
+        step = min(total, max(1, round(stopping["fraction"] * total))) if "fraction" in stopping else total
         stopping.update(forget_steps=total, chosen_step=step)
         if step < total:
             s_overrides = [o for o in overrides if not o.startswith("trainer.args.snapshots=")]

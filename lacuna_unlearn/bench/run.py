@@ -119,6 +119,38 @@ def pooled(by_field: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
     return out
 
 
+def preflight_overrides(cfg: Mapping[str, Any]) -> None:
+    """Compose every method's and the attack's Hydra overrides and run the trainer's preflight on them, before any
+    stage: a bad override (an unknown ``trainer.args`` key, a wrong type, an unknown method setting) is refused in a
+    second, naming the method or ``attack.overrides``, instead of after the testbed and the evaluations ran."""
+    import tempfile
+
+    from hydra import compose, initialize_config_module
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    from lacuna_unlearn.trainer.app import EDITORS, preflight
+
+    field = cfg["fields"][0]
+    checks: dict[str, list[str]] = {}
+    for name, extra in cfg["methods"].items():
+        experiment = [f"experiment={cfg['experiment']}"] if cfg["experiment"] and name not in EDITORS else []
+        checks[f"methods.{name}"] = [*experiment, f"method={name}", *list(extra or [])]
+    if cfg["attack"]["enabled"]:
+        checks["attack.overrides"] = [f"attack={cfg['attack']['protocol']}", *list(cfg["attack"]["overrides"] or [])]
+    with tempfile.TemporaryDirectory(prefix="lacuna-preflight-") as tmp:
+        for where, overrides in checks.items():
+            try:
+                with initialize_config_module(config_module="lacuna_unlearn.configs", version_base="1.3"):
+                    hcfg = compose(
+                        config_name="unlearn", overrides=[*overrides, f"field={field}", f"output_dir={tmp}/out"]
+                    )
+                preflight(hcfg)
+            except (HydraException, OmegaConfBaseException, ValueError, TypeError) as exc:
+                first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+                raise ValueError(f"run config: {where}: {first}") from None
+
+
 def run_benchmark(
     out_dir: str | os.PathLike[str],
     cfg: Mapping[str, Any] | None = None,
@@ -130,6 +162,7 @@ def run_benchmark(
     module's logger at INFO, shown where :func:`lacuna_tasks.logs.configure_logging` set it up)."""
     cfg = copy.deepcopy(dict(cfg or DEFAULT_RUN))
     validate_run_config(cfg)
+    preflight_overrides(cfg)
     with locked(Path(out_dir)):
         return _run_locked(Path(out_dir), cfg, log)
 

@@ -289,6 +289,11 @@ def _stopping_table(entry: dict[str, Any]) -> list[str]:
     ]
     for name, m in chosen.items():
         s = m["stopping"]
+        if s.get("skipped"):
+            lines.append(
+                f"| {name} | 0 | {s['skipped']} | {s.get('chosen_step')} / {s.get('forget_steps')} | same | same |"
+            )
+            continue
         resolved = f" (±{s['resolved_within_steps']})" if s.get("resolved_within_steps") is not None else ""
         step = f"{s['chosen_validation_step']} / {s['validation_steps']}{resolved}"
         if not s.get("reached"):
