@@ -502,6 +502,38 @@ CASES: dict[str, Case] = {
     "bad-value/run-set-attempts": C(
         lambda i, o: ["run", "--out", str(o), "--set", "attack.attempts=abc"], lambda i, o: ["attack.attempts"]
     ),
+    # issues 35 and 37: refused before any stage, the key named
+    "bad-value/run-method-override": C(
+        lambda i, o: ["run", "--out", str(o), "--set", "methods={grad_diff: ['trainer.args.learning_rate=abc']}"],
+        lambda i, o: ["methods.grad_diff", "trainer.args.learning_rate"],
+    ),
+    "unknown-key/run-method-override": C(
+        lambda i, o: ["run", "--out", str(o), "--set", "methods={grad_diff: ['trainer.args.nope=1']}"],
+        lambda i, o: ["methods.grad_diff", "trainer.args.nope"],
+    ),
+    "bad-value/run-attack-override": C(
+        lambda i, o: ["run", "--out", str(o), "--set", "attack.overrides=['trainer.args.max_steps=1.5']"],
+        lambda i, o: ["attack.overrides", "trainer.args.max_steps"],
+    ),
+    "bad-value/run-stopping-metric-not-computed": C(
+        lambda i, o: ["run", "--preset", "smoke", "--out", str(o), "--set", "stopping.metric=j_w"],
+        lambda i, o: ["stopping.metric=j_w", "forget_worstcase"],
+    ),
+    "bad-value/run-regime-rule": C(
+        lambda i, o: ["run", "--out", str(o), "--set", "regime.rule=paper"], lambda i, o: ["regime.rule"]
+    ),
+    "bad-value/run-tau-ppl": C(
+        lambda i, o: ["run", "--out", str(o), "--set", "regime.tau_ppl=0.5"], lambda i, o: ["regime.tau_ppl"]
+    ),
+    "bad-value/run-min-suppression": C(
+        lambda i, o: ["run", "--out", str(o), "--set", "reversibility.min_suppression=2"],
+        lambda i, o: ["reversibility.min_suppression"],
+    ),
+    "bad-value/run-null-draws": C(
+        lambda i, o: ["run", "--out", str(o), "--set", "score.null_draws=1"], lambda i, o: ["score.null_draws"]
+    ),
+    "bad-value/score-null-z": C(lambda i, o: _score(i, o, "--null-z", "inf"), lambda i, o: ["--null-z"]),
+    "bad-value/score-null-draws": C(lambda i, o: _score(i, o, "--null-draws", "1"), lambda i, o: ["--null-draws"]),
     # -- mismatched checkpoints --------------------------------------------------------------------------------
     "mismatched-checkpoints/score-shape": C(
         lambda i, o: _score(i, o, after=i.after_other_shape), lambda i, o: ["model.layers.1.mlp.up_proj.weight"]

@@ -8,9 +8,9 @@ runs) on real files: tiny safetensors checkpoints with a config, real mask files
 and two go through the real ``lm_eval`` command: tests/e2e/test_bad_input_console_scripts.py.
 ``SHOW_ERRORS=1 pytest -s -k refused`` prints every message with its time.
 
-``CASES`` (97, ids ``class/command-what``): missing path 21, unwritable output 14, malformed JSON/YAML 9, unknown
-key 14, bad value 19, mismatched checkpoints 4, bad masks 7, bad tensors 5, bad data 4 (+2 through ``lm_eval``).
-By command: score 34, attack 23, gate 11, diagnose 8, reversibility 8, build-testbed 8, run 5.
+``CASES`` (107, ids ``class/command-what``): missing path 21, unwritable output 14, malformed JSON/YAML 9, unknown
+key 15, bad value 28, mismatched checkpoints 4, bad masks 7, bad tensors 5, bad data 4 (+2 through ``lm_eval``).
+By command: score 36 (bad masks and tensors included), attack 23, gate 11, diagnose 8, reversibility 8, build-testbed 8, run 13.
 ``tests/e2e/test_bad_input.py`` holds 18 more (``lacuna-unlearn`` 10, ``lacuna run`` 8), as subprocesses.
 """
 
