@@ -60,6 +60,16 @@ def config_choices(group: str) -> list[str]:
 # -- the override grammar -----------------------------------------------------------------------------------------
 
 
+def path_override(key: str, path: Any) -> str:
+    """``key='path'`` for a Hydra override: quoted, so a path with spaces or non-ASCII characters (which Hydra's
+    grammar refuses unquoted) reaches the app as the string it is. In Hydra's quoted strings a backslash is literal
+    except before a quote or the closing quote, so only those runs are doubled."""
+    import re
+
+    text = re.sub(r"(\\+)(?='|$)", lambda m: m.group(1) * 2, str(path)).replace("'", "\\'")
+    return f"{key}='{text}'"
+
+
 def parse_overrides(items: Iterable[str], flag: str = "--set") -> dict[str, Any]:
     """``key=value`` items as ``{dotted key: value}``, in Hydra's override grammar: values are typed
     (``50``, ``1e-3``, ``true``, ``null``, ``[email,phone]``, ``{a: 1}``, ``'quoted=text'``), exactly as
@@ -83,8 +93,14 @@ def parse_overrides(items: Iterable[str], flag: str = "--set") -> dict[str, Any]
                 out[key.strip()] = json.loads(text)
                 continue
             except json.JSONDecodeError:
-                hint = " (quote a value that holds '=': ['a.b=1'])" if "=" in text else ""
-                raise ValueError(f"{flag} {item}: {str(exc).splitlines()[0]}{hint}") from None
+                pass
+            if not text.isascii() and not any(c in text for c in "[]{}(),'\"=*"):
+                # Hydra's grammar has no unquoted non-ASCII characters (a path such as /data/résumé): a plain value
+                # of them is read as the string it is
+                out[key.strip()] = text
+                continue
+            hint = " (quote a value that holds '=': ['a.b=1'])" if "=" in text else ""
+            raise ValueError(f"{flag} {item}: {str(exc).splitlines()[0]}{hint}") from None
         if override.type is not OverrideType.CHANGE or override.package is not None:
             raise ValueError(f"{flag} {item}: only key=value is supported here (no +, ++, ~ or @package)")
         if override.is_sweep_override():

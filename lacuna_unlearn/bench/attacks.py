@@ -33,6 +33,7 @@ from typing import Any
 
 from lacuna_metrics import schema_stamp
 from lacuna_tasks import JUDGE_RULES, JUDGES, SUCCESS_AT_N_JUDGE, check_judge, judge_hit
+from lacuna_unlearn.dataclass_config import path_override
 from lacuna_unlearn.trainer.relearn_rows import attack_rows, check_attack_settings, config_error_line, split_rows
 
 __all__ = [
@@ -107,13 +108,13 @@ def resurfacing_attack(
     if out.exists() and not force:
         raise FileExistsError(f"{out} exists; pass force=True (--force) to overwrite")
     started = time.time()
-    args = [f"attack={protocol}", f"model={model}", f"field={field}", f"seed={seed}"]
-    args += [f"testbed={testbed}"] if testbed is not None else []
-    args += [f"data={data}"] if data is not None else []
+    args = [f"attack={protocol}", path_override("model", model), f"field={field}", f"seed={seed}"]
+    args += [path_override("testbed", testbed)] if testbed is not None else []
+    args += [path_override("data", data)] if data is not None else []
     args += list(overrides)
     partial_out = out.with_name(out.name + ".partial") / "relearned"  # where building(out) puts it
     # every setting checked before any work; force: building(out) starts from an empty OUT.partial anyway
-    cfg = attack_config([*args, f"output_dir={partial_out}", "force=true"])
+    cfg = attack_config([*args, path_override("output_dir", partial_out), "force=true"])
 
     source = data if data is not None else Path(testbed) / "data"
     _check_data(source, cfg, field)

@@ -20,6 +20,7 @@ from lacuna_unlearn.bench.reversibility import (
 from lacuna_unlearn.bench.run_config import POSITIVE_CONTROL
 from lacuna_unlearn.bench.stages import Stages, output_key
 from lacuna_unlearn.bench.stopping import stopping_point
+from lacuna_unlearn.dataclass_config import path_override
 
 __all__ = ["controls", "method_entry", "trajectory"]
 
@@ -51,7 +52,7 @@ def method_entry(
     tag = "" if seed == int(cfg["seed"]) else f" (seed {seed})"
     display = f"{label or name}{tag}"  # the stages' log label
     extra = list(extra or [])
-    overrides = [f"method={name}", f"testbed={testbed}", f"field={field}", f"seed={seed}", *extra]
+    overrides = [f"method={name}", path_override("testbed", testbed), f"field={field}", f"seed={seed}", *extra]
     with_trajectory = cfg["trajectory"]["enabled"] and not control and name not in EDITORS
     if with_trajectory:
         overrides.append(f"trainer.args.snapshots={int(cfg['trajectory']['points'])}")
@@ -61,7 +62,7 @@ def method_entry(
 
     def build_unlearn(tmp: Path, overrides: list[str] = overrides) -> None:
         with initialize_config_module(config_module="lacuna_unlearn.configs", version_base="1.3"):
-            hcfg = compose(config_name="unlearn", overrides=[*overrides, f"output_dir={tmp / 'model'}"])
+            hcfg = compose(config_name="unlearn", overrides=[*overrides, path_override("output_dir", tmp / "model")])
         unlearn_run(hcfg)
 
     u_stage = stages.get("unlearn", f"[{field}] unlearn {display}", u_inputs, build_unlearn)

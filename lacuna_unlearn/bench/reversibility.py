@@ -12,6 +12,7 @@ from typing import Any
 from lacuna_unlearn.bench.behaviour import behaviour, eval_stage
 from lacuna_unlearn.bench.run_config import POSITIVE_CONTROL
 from lacuna_unlearn.bench.stages import Stages
+from lacuna_unlearn.dataclass_config import path_override
 
 __all__ = [
     "apply_controls",
@@ -85,12 +86,18 @@ def _relearn(
         f"trainer.args.learning_rate={float(rcfg['learning_rate'])}",
         f"trainer.args.num_train_epochs={int(rcfg['epochs'])}",
     ]  # fmt: skip
-    where = [f"testbed={testbed}"] if data_key is None else [f"data={data}"]
+    where = [path_override("testbed", testbed)] if data_key is None else [path_override("data", data)]
 
     def build(tmp: Path) -> None:
         with initialize_config_module(config_module="lacuna_unlearn.configs", version_base="1.3"):
             hcfg = compose(
-                config_name="unlearn", overrides=[*overrides, *where, f"model={model}", f"output_dir={tmp / 'model'}"]
+                config_name="unlearn",
+                overrides=[
+                    *overrides,
+                    *where,
+                    path_override("model", model),
+                    path_override("output_dir", tmp / "model"),
+                ],
             )
         unlearn_run(hcfg)
 

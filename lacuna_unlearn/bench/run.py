@@ -41,6 +41,7 @@ from lacuna_unlearn.bench.run_config import (  # noqa: F401  (re-exported: the p
     validate_run_config,
 )
 from lacuna_unlearn.bench.stages import Stages, locked, testbed_fingerprint, testbed_preset
+from lacuna_unlearn.dataclass_config import path_override
 
 __all__ = ["DEFAULT_RUN", "RUN_SCHEMA", "SEED_METRICS", "across_seeds", "load_run_config", "run_benchmark"]
 
@@ -143,7 +144,8 @@ def preflight_overrides(cfg: Mapping[str, Any]) -> None:
             try:
                 with initialize_config_module(config_module="lacuna_unlearn.configs", version_base="1.3"):
                     hcfg = compose(
-                        config_name="unlearn", overrides=[*overrides, f"field={field}", f"output_dir={tmp}/out"]
+                        config_name="unlearn",
+                        overrides=[*overrides, f"field={field}", path_override("output_dir", f"{tmp}/out")],
                     )
                 preflight(hcfg)
             except (HydraException, OmegaConfBaseException, ValueError, TypeError) as exc:

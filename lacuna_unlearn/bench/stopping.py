@@ -29,6 +29,7 @@ from typing import Any
 
 from lacuna_unlearn.bench.behaviour import behaviour, eval_stage
 from lacuna_unlearn.bench.stages import Stages, output_key
+from lacuna_unlearn.dataclass_config import path_override
 
 __all__ = ["STOP_METRICS", "choose_step", "stopping_point", "validation_view"]
 
@@ -97,7 +98,7 @@ def stopping_point(
                 "read at the end of the schedule"}  # fmt: skip
     groups = sorted({int(r["group_id"]) for r in people})
     base = [o for o in overrides if not o.startswith(("testbed=", "trainer.args.snapshots="))]
-    base += [f"testbed={ctx['testbed']}", f"data={view}"]
+    base += [path_override("testbed", ctx["testbed"]), path_override("data", view)]
     with initialize_config_module(config_module="lacuna_unlearn.configs", version_base="1.3"):
         probe = compose(config_name="unlearn", overrides=[*base, "output_dir=unused"])
     if str(probe.get("restrict")) == "forget_mask":  # the validation people's own masks, not the forget people's
@@ -110,7 +111,9 @@ def stopping_point(
 
         def build(tmp: Path) -> None:
             with initialize_config_module(config_module="lacuna_unlearn.configs", version_base="1.3"):
-                hcfg = compose(config_name="unlearn", overrides=[*run_overrides, f"output_dir={tmp / 'model'}"])
+                hcfg = compose(
+                    config_name="unlearn", overrides=[*run_overrides, path_override("output_dir", tmp / "model")]
+                )
             unlearn_run(hcfg)
 
         key = {"testbed": ctx["tb_key"], "overrides": [o for o in run_overrides if not o.startswith(("testbed=", "data="))],

@@ -183,3 +183,15 @@ def test_reversibility_thresholds_outside_zero_one_are_refused(flag, value, caps
     with pytest.raises(SystemExit) as exc:
         main(["reversibility", "--original", "a", "--unlearned", "b", "--relearned", "c", f"{flag}={value}"])
     assert exc.value.code == 2 and "is outside (0.0, 1.0)" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("path", ["/tmp/tbü/model", "/data/my runs/it's", "C:\\models\\x", "/odd\\", "a\\'b", "/plain"])
+def test_a_path_override_reaches_hydra_as_the_string_it_is(path):
+    """Non-ASCII paths broke `lacuna run` and `lacuna attack` (issue 37): Hydra's grammar refuses them unquoted."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    from lacuna_unlearn.dataclass_config import parse_overrides, path_override
+
+    assert OverridesParser.create().parse_override(path_override("testbed", path)).value() == path
+    if path.isascii() is False:
+        assert parse_overrides([f"testbed={path}"]) == {"testbed": path}  # --set testbed=/tmp/tbü
