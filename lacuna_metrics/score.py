@@ -10,7 +10,6 @@ localization AUCs against the ground-truth masks (:mod:`lacuna_metrics.localizat
 from __future__ import annotations
 
 import logging
-import math
 import os
 import time
 from collections.abc import Callable, Sequence
@@ -26,6 +25,7 @@ from lacuna_metrics.localization.null_calibration import (
     DEFAULT_TOLERANCE,
     DEFAULT_Z,
     calibrate_sample,
+    check_settings,
 )
 from lacuna_metrics.localization.precision import Localization, LocalizationConfig
 from lacuna_metrics.manifest import build_manifest
@@ -117,7 +117,10 @@ def score_pair(
     """
     started = time.time()
     if null:
-        _check_null_settings(null_tolerance, null_z, null_min_lift, null_draws, null_samples)
+        check_settings(
+            null_tolerance, null_z, null_min_lift, null_draws, null_samples,
+            names={k: f"--null-{k.replace('_', '-')}" for k in ("tolerance", "z", "min_lift", "draws", "samples")},
+        )  # fmt: skip
     defaults: dict[str, Path | None] = {}
     if testbed is not None:
         defaults = _testbed_defaults(Path(testbed))
@@ -346,20 +349,6 @@ def _calibration_record(
         "--calib-fields; docs/scoring.md, 'FRAG calibration fields')"
     )
     return out
-
-
-def _check_null_settings(tolerance: float, z: float, min_lift: float, draws: int, samples: int) -> None:
-    """Refuse a null calibration that could not calibrate (before any work)."""
-    if not 0.0 < float(tolerance) < 0.5:
-        raise ValueError(f"--null-tolerance must be in (0, 0.5), got {tolerance}")
-    if not (math.isfinite(float(z)) and float(z) >= 0):
-        raise ValueError(f"--null-z must be a finite number >= 0, got {z}")
-    if not 0.0 <= float(min_lift) < 0.5:
-        raise ValueError(f"--null-min-lift must be in [0, 0.5), got {min_lift}")
-    if int(draws) < 2:
-        raise ValueError(f"--null-draws must be at least 2 (the null's spread needs two draws), got {draws}")
-    if int(samples) < 1000:
-        raise ValueError(f"--null-samples must be at least 1000, got {samples}")
 
 
 def _masks_model(

@@ -39,6 +39,7 @@ __all__ = [
     "DEFAULT_Z",
     "calibrate",
     "calibrate_sample",
+    "check_settings",
 ]
 
 #: A family is calibrated only when every null kind's mean AUC stays within 0.5 ± this.
@@ -74,9 +75,7 @@ def calibrate_sample(
     """The ``null_calibration`` section of score.json: every null kind drawn on ``sample`` and scored by
     ``families`` (and the composite, refitted with the features ``composite``), the update itself scored on the
     same sample, then :func:`calibrate` against the full-universe ``auc`` section."""
-    _check(tolerance, z, min_lift)
-    if draws < 2:
-        raise ValueError(f"null calibration needs at least 2 draws per null kind to estimate a spread, got {draws}")
+    check_settings(tolerance, z, min_lift, draws)
     started = time.perf_counter()
     rows = None
     if composite:
@@ -124,7 +123,7 @@ def calibrate(
     such table per draw]}``. Families the nulls were not scored by are excluded, not trusted. Returns
     ``{"tolerance", "z", "min_lift", "targets": {target: {"families", "best", "best_lift", "excluded"}}}``.
     """
-    _check(tolerance, z, min_lift)
+    check_settings(tolerance, z, min_lift)
     if not null or not any(null.values()):
         raise ValueError("null calibration needs at least one null update's AUCs")
     targets: dict[str, Any] = {}
@@ -193,14 +192,31 @@ def _not_scored(family: str) -> str:
     return "no null AUC (the null updates were not scored by this family)"
 
 
-def _check(tolerance: float, z: float, min_lift: float) -> None:
-    """Refuse settings that could not calibrate (one line naming the setting)."""
+def check_settings(
+    tolerance: float,
+    z: float,
+    min_lift: float,
+    draws: int = DEFAULT_DRAWS,
+    samples: int = DEFAULT_NULL_SAMPLES,
+    *,
+    names: Mapping[str, str] | None = None,
+) -> None:
+    """Refuse settings that could not calibrate, before any work (one line naming the setting as the caller's user
+    typed it: ``names`` maps ``tolerance``, ``z``, ``min_lift``, ``draws``, ``samples`` to flag names)."""
+    name = {
+        k: (names or {}).get(k, f"null {k.replace('_', ' ')}")
+        for k in ("tolerance", "z", "min_lift", "draws", "samples")
+    }
     if not 0.0 < float(tolerance) < 0.5:
-        raise ValueError(f"null-AUC tolerance must be in (0, 0.5), got {tolerance!r}")
+        raise ValueError(f"{name['tolerance']} must be in (0, 0.5), got {tolerance!r}")
     if not (math.isfinite(float(z)) and float(z) >= 0):
-        raise ValueError(f"null z must be a finite number >= 0, got {z!r}")
+        raise ValueError(f"{name['z']} must be a finite number >= 0, got {z!r}")
     if not 0.0 <= float(min_lift) < 0.5:
-        raise ValueError(f"null min lift must be in [0, 0.5), got {min_lift!r}")
+        raise ValueError(f"{name['min_lift']} must be in [0, 0.5), got {min_lift!r}")
+    if int(draws) < 2:
+        raise ValueError(f"{name['draws']} must be at least 2 (the null's spread needs two draws), got {draws!r}")
+    if int(samples) < 1000:
+        raise ValueError(f"{name['samples']} must be at least 1000, got {samples!r}")
 
 
 def _no_verdict(families: Mapping[str, Any], excluded: Mapping[str, str]) -> str:
