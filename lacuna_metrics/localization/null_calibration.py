@@ -42,8 +42,11 @@ __all__ = [
     "check_settings",
 ]
 
-#: A family is calibrated only when every null kind's mean AUC stays within 0.5 ± this.
-DEFAULT_TOLERANCE = 0.05
+#: A family is calibrated only when every null kind's mean AUC stays within 0.5 ± this: beyond it the family reads
+#: mostly what |θ| already reveals. 0.1 matches the testbed build gate's ceiling of 0.60 on method-free detectors
+#: (docs/testbeds.md, "Leak audit"), so on a testbed that passes its gate the magnitude families can be calibrated;
+#: the verdict itself rests on the spread rule (``z``, ``min_lift``), which is what rejects method-free updates.
+DEFAULT_TOLERANCE = 0.1
 #: ... and the update's lift over its nulls exceeds this many null standard deviations.
 DEFAULT_Z = 3.0
 #: ... and at least this much AUC.

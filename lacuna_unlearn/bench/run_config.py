@@ -76,7 +76,7 @@ class ScoreConfig:
     composite_samples: int = 200_000
     frag: bool = True
     null: bool = True
-    null_tolerance: float = 0.05  # the scorer's defaults (lacuna_metrics.localization.null_calibration)
+    null_tolerance: float = 0.1  # the scorer's defaults (lacuna_metrics.localization.null_calibration)
     null_z: float = 3.0
     null_min_lift: float = 0.01
     null_draws: int = 6
