@@ -102,7 +102,11 @@ class StoppingConfig:
     log-spaced snapshots refined to within ``resolution`` of the schedule (or one step)."""
 
     enabled: bool = True
-    metric: str = "j_w"  # j_w (worst case over paraphrases and in-context prompts) or forget_leak (plain QA)
+    # forget_leak (the validation people's plain QA leak) or j_w (the worst case over paraphrases and in-context
+    # prompts). forget_leak by default: on mini the validation people share their groups (masks) with the retain
+    # people, so the validation view keeps one retain person per field and J_W's in-context probe lacks three other
+    # people's pairs (docs/report.md "Stopping points")
+    metric: str = "forget_leak"
     threshold: float = 0.1
     points: int = 8
     resolution: float = 0.1

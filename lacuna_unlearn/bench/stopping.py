@@ -33,6 +33,8 @@ from lacuna_unlearn.dataclass_config import path_override
 
 __all__ = ["STOP_METRICS", "choose_step", "stopping_point", "validation_view"]
 
+#: The retain-side files of a testbed's data, rebuilt in the validation view.
+RETAIN_FILES = ("retain.jsonl", "retain_paraphrased.jsonl", "retain_eval.jsonl", "retain_eval_paraphrased.jsonl")
 #: Stopping metric -> the task suffix it comes from (``lacuna_<field>_<suffix>``).
 STOP_METRICS: dict[str, str] = {"j_w": "forget_worstcase", "forget_leak": "forget_qa"}
 
@@ -47,12 +49,28 @@ def validation_view(stages: Stages, ctx: Mapping[str, Any]) -> Path:
     def build(tmp: Path) -> None:
         view = tmp / "data"
         view.mkdir()
+
+        def lines(name: str) -> list[str]:
+            path = source / name
+            return [line for line in path.read_text().splitlines() if line.strip()] if path.is_file() else []
+
+        groups = {int(json.loads(line)["group_id"]) for line in lines("validation.jsonl")}
+        skip = {"forget.jsonl", "forget_paraphrased.jsonl", "validation.jsonl", *RETAIN_FILES}
         for item in source.iterdir():
-            if item.is_file() and item.name not in ("forget.jsonl", "forget_paraphrased.jsonl", "validation.jsonl"):
+            if item.is_file() and item.name not in skip:
                 shutil.copy(item, view / item.name)
+        for name, parts in (
+            ("retain.jsonl", ("retain.jsonl", "retain_eval.jsonl")),
+            ("retain_paraphrased.jsonl", ("retain_paraphrased.jsonl", "retain_eval_paraphrased.jsonl")),
+        ):
+            # forget and retain groups stay disjoint (one mask per group): retain people who share a group with a
+            # validation person leave the view; the held-out retain people join the retain side, so the in-context
+            # probes of J_W still find three other people's pairs
+            kept = [line for part in parts for line in lines(part) if int(json.loads(line)["group_id"]) not in groups]
+            (view / name).write_text("".join(f"{line}\n" for line in kept))
         shutil.copy(source / "validation.jsonl", view / "forget.jsonl")
 
-    stage = stages.get("data", "validation people as the forget set", {"testbed": ctx["tb_key"]}, build)
+    stage = stages.get("data", "validation people as the forget set", {"testbed": ctx["tb_key"], "view": 3}, build)
     return stage / "data"
 
 
@@ -91,7 +109,9 @@ def stopping_point(
     view = validation_view(stages, ctx)
     try:
         people = load_data(view).rows("forget", field)
-    except LacunaDataError:
+    except LacunaDataError as exc:
+        if "has no rows for field" not in str(exc):  # only a field without validation people is skipped
+            raise
         people = []
     if not people:  # rows whose value is missing are dropped per field: a field may have no validation person
         return {"metric": metric, "threshold": threshold, "skipped": f"no validation people of field {field!r}: "

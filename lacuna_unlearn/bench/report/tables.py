@@ -113,7 +113,7 @@ def _ppl(behaviour: dict[str, Any]) -> str:
 def _ppl_ratio(behaviour: dict[str, Any]) -> str:
     """Neutral word perplexity after / before unlearning (> 1: general language modelling got worse)."""
     value = behaviour.get("neutral_ppl_ratio")
-    return "n/a" if value is None else f"×{value:.3f}"
+    return "n/a" if value is None else f"×{value:.4g}"
 
 
 def _field_table(entry: dict[str, Any], trivial: dict[str, Any], attempts: Any) -> tuple[list[str], bool, bool]:
