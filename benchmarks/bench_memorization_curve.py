@@ -38,6 +38,19 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--out", default=None, help="JSON file (rewritten after every probe)")
     parser.add_argument(
+        "--trace",
+        action="store_true",
+        help="at every probe, also the leak audit's method-free detectors (before_magnitude, injection_magnitude, "
+        "trace_classifier) of the injected model against the base, per target (lacuna_metrics.method_free_aucs)",
+    )
+    parser.add_argument(
+        "--base-cache",
+        default=None,
+        help="a file for the base stage's weights: loaded if it exists (same preset, seed and base settings), else "
+        "written after the base stage; saves its minutes when exploring injection settings (not counted in the "
+        "build minutes then)",
+    )
+    parser.add_argument(
         "--robustness-people",
         type=int,
         default=0,
@@ -60,6 +73,7 @@ def main() -> None:
         count_layers,
         get_preset,
         injection_batches,
+        injection_plan,
         memorization_test,
         pack,
         qa_tune,
@@ -84,16 +98,21 @@ def main() -> None:
     neutral_rows = pack([tokenizer.encode(t) for t in corpus.neutral], tokenizer.eos_token_id, cfg.seq_len)
     heldout_rows = pack([tokenizer.encode(t) for t in heldout], tokenizer.eos_token_id, cfg.seq_len)[:64]
     work = Path(os.environ.get("TMPDIR", "/tmp")) / f"bench_curve_{os.getpid()}"
-    if cfg.base_steps:
+    cache = Path(args.base_cache) if args.base_cache else None
+    if cache is not None and cache.exists():
+        net.load_state_dict(torch.load(cache, weights_only=True))
+        print(f"base stage loaded from {cache}", file=sys.stderr)
+    elif cfg.base_steps:
         plan = StepPlan.neutral_only(cfg.base_steps)
         data = injection_batches(plan, {}, {}, neutral_rows, cfg, tokenizer, 1, cfg.base_batch)
         train_steps(net, data, plan, masks=None, lr=cfg.base_lr, out_dir=work, warmup_ratio=0.05, seed=cfg.seed,
                     desc="base")  # fmt: skip
+        if cache is not None:
+            torch.save(net.state_dict(), cache)
+    base_state = {n: p.detach().clone() for n, p in net.named_parameters() if n in masks.packed}
     pii_qa = {g: [tokenizer.encode(t) for t in texts] for g, texts in corpus.pii_qa.items()}
     pii_bio = {g: [tokenizer.encode(t) for t in texts] for g, texts in corpus.pii_bio.items()}
-    plan = StepPlan.interleaved(
-        cfg.pii_steps, cfg.num_groups, cfg.neutral_every, cfg.neutral_lr_scale, cfg.seed, accum=cfg.grad_accum
-    )
+    plan = injection_plan(cfg)
     # PII micro-batches done after each optimizer step
     done_after: list[int] = []
     count = 0
@@ -103,7 +122,7 @@ def main() -> None:
     probe_at = {
         step + 1: done_after[step]
         for step in range(plan.steps)
-        if done_after[step] % args.probe_every == 0 and (step == 0 or done_after[step - 1] != done_after[step])
+        if done_after[step] // args.probe_every > (done_after[step - 1] if step else 0) // args.probe_every
     }
     probe_at[plan.steps] = done_after[-1]
     rows: list[dict[str, Any]] = []
@@ -156,6 +175,16 @@ def main() -> None:
                     }
                     for side in ("forget", "retain")
                 }
+            if args.trace:
+                from lacuna_metrics import method_free_aucs
+
+                params = dict(net.named_parameters())
+                row["trace"] = method_free_aucs(
+                    ((n, params[n], base_state[n], masks.packed[n]) for n in masks.packed),
+                    sum(1 << g for g in masks.forget_groups),
+                    sum(1 << g for g in masks.retain_groups),
+                    seed=cfg.seed,
+                )
             if args.robustness_people:
                 try:
                     splits, _ = testbed_splits(corpus, probe_cfg, memorized, report)
@@ -173,7 +202,8 @@ def main() -> None:
     train_steps(net, data, plan, masks=masks, lr=cfg.pii_lr, out_dir=work, weight_decay=cfg.weight_decay,
                 warmup_ratio=cfg.warmup_ratio, min_lr_ratio=cfg.min_lr_ratio, max_grad_norm=cfg.max_grad_norm,
                 seed=cfg.seed, desc="injection", callbacks=[Probe()],
-                separate_neutral_state=cfg.neutral_optimizer == "separate")  # fmt: skip
+                separate_neutral_state=cfg.neutral_optimizer == "separate",
+                neutral_loss_scale=cfg.neutral_loss_scale)  # fmt: skip
     del state
     if args.out:
         _write(Path(args.out), cfg, args, rows)
@@ -202,6 +232,9 @@ def _line(row: dict[str, Any]) -> str:
             f"(n {entry.get('people')}); retain-eval paraphrase acc {_fmt(held.get('paraphrase_accuracy'))} "
             f"ICR acc {_fmt(held.get('icr_accuracy'))} (n {held.get('people', 0)})"
         )
+    for detector, aucs in (row.get("trace") or {}).items():
+        cells = " / ".join("-" if v is None else f"{v:.3f}" for v in aucs.values())
+        parts.append(f"\n    trace {detector} (forget / unified / forget_vs_retain): {cells}")
     if "skipped" in robustness:
         parts.append(f"\n    robustness skipped: {robustness['skipped']}")
     return "  ".join(parts)

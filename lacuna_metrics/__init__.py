@@ -44,6 +44,12 @@ _EXPORTS: dict[str, str] = {
             "LeakAuditError",
             "audit_testbed",
         ),
+        "lacuna_metrics.localization.trace_classifier": (
+            "classify_trace",
+            "method_free_aucs",
+            "sample_features",
+            "trace_classifier_aucs",
+        ),
         "lacuna_metrics.localization.precision": (
             "LocalizationConfig",
             "SCORES",

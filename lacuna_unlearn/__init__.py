@@ -16,6 +16,7 @@ _EXPORTS: dict[str, str] = {
         "lacuna_unlearn.testbed.build": (
             "count_layers",
             "injection_batches",
+            "injection_plan",
             "model_config",
             "testbed_masks",
             "testbed_splits",

@@ -5,7 +5,8 @@ gets on the same testbed. This module scores such detectors through the same sco
 (:class:`lacuna_metrics.localization.precision.Localization`: every scoring family, the composite, every target):
 
 * the trivial detectors of the scorer's ``baselines``: ``before_magnitude`` (|θ_before|) and
-  ``injection_magnitude`` (|θ_before − θ_base|);
+  ``injection_magnitude`` (|θ_before − θ_base|), and ``trace_classifier``, a classifier on both
+  (:mod:`lacuna_metrics.localization.trace_classifier`);
 * **null updates**, "unlearning" updates that know nothing of the masks, scored as if a method had made
   them: ``gaussian`` (θ_before + N(0, (scale · RMS of the tensor)²) on every scalar) and ``adam_sign``
   (θ_before ± lr on every scalar with random signs: the shape of Adam's first steps). Both are generated
@@ -34,6 +35,7 @@ import torch
 from lacuna_metrics.localization.auc import TARGETS
 from lacuna_metrics.localization.nulls import ROUNDED_DTYPES
 from lacuna_metrics.localization.precision import BASELINES, Localization, LocalizationConfig
+from lacuna_metrics.localization.trace_classifier import TRACE_CLASSIFIER, trace_classifier_aucs
 from lacuna_metrics.masks import MaskReader
 from lacuna_metrics.weights.checkpoints import Checkpoint, Scratch
 from lacuna_tasks import stable_seed
@@ -170,20 +172,28 @@ def leak_audit(
     gaussian_scale: float = 1e-3,
     adam_lr: float = 1e-5,
     composite_samples: int = 200_000,
-    max_auc: float = 0.75,
-    target: str = "forget_vs_retain",
+    max_auc: float = 0.60,
+    target: str = "all",
+    null_max_auc: float | None = None,
+    null_target: str | None = None,
+    trace_samples: int = 200_000,
     raise_on_leak: bool = False,
     threads: int | None = None,
 ) -> dict[str, Any]:
-    """AUCs of the trivial detectors and of both null updates under every scoring family and target.
+    """AUCs of the trivial detectors (``before_magnitude``, ``injection_magnitude`` and the
+    :mod:`~lacuna_metrics.localization.trace_classifier` on both, ``trace_classifier``) and of both null updates under
+    every scoring family and target.
 
     ``before`` is the model a method would unlearn, ``base`` the reference before injection (the reversal
-    family and ``injection_magnitude`` need it). ``passed`` says whether every detector stays at or below
-    ``max_auc`` on ``target``; with ``raise_on_leak`` a failure raises :class:`LeakAuditError` (one line,
-    naming the detectors above the line).
+    family, ``injection_magnitude`` and the classifier's second feature need it). ``passed`` says whether every
+    trivial detector stays at or below ``max_auc`` on ``target`` (``"all"``: every target) and every null-update
+    detector at or below ``null_max_auc`` on ``null_target`` (default: the same as the trivial ones); with
+    ``raise_on_leak`` a failure raises :class:`LeakAuditError` (one line, naming the detectors above the line).
     """
-    if target not in TARGETS:
-        raise ValueError(f"leak audit target {target!r}: choose from {list(TARGETS)}")
+    gates = {"trivial": (target, max_auc), "null": (null_target or target, null_max_auc or max_auc)}
+    for which, (name, _) in gates.items():
+        if name != "all" and name not in TARGETS:
+            raise ValueError(f"leak audit {which} target {name!r}: choose from {['all', *TARGETS]}")
     started = time.perf_counter()
     before_ck = Checkpoint(before)
     base_ck = Checkpoint(base) if base is not None else None
@@ -195,26 +205,38 @@ def leak_audit(
     scales = {"gaussian": gaussian_scale, "adam_sign": adam_lr}
     aucs, first = score_null_updates(before_ck, masks, base=base_ck, config=config, scales=scales)
     trivial = {b: {t: _round(first["baselines"][t].get(b)) for t in TARGETS} for b in BASELINES}
+    classifier = trace_classifier_aucs(before, masks, base=base, samples=trace_samples, seed=seed)
+    trivial[TRACE_CLASSIFIER] = {t: _round(classifier["auc"].get(t)) for t in TARGETS}
     not_applicable = dict(first["not_applicable"])
     universe = {k: v for k, v in first["universe"].items() if k != "names"}
     null = {
         kind: {s: {t: _round(v) for t, v in by_target.items()} for s, by_target in table.items()}
         for kind, table in aucs.items()
     }
-    detectors = dict(trivial)
-    detectors.update({f"null_{kind}.{s}": v for kind, table in null.items() for s, v in table.items()})
-    ranked = sorted(
-        ((name, aucs[target]) for name, aucs in detectors.items() if aucs.get(target) is not None),
-        key=lambda item: -item[1],
-    )
-    worst = {"detector": ranked[0][0], "auc": ranked[0][1]} if ranked else None
-    offenders = [(name, auc) for name, auc in ranked if auc > max_auc]
+    detectors = {
+        "trivial": trivial,
+        "null": {f"null_{k}.{s}": v for k, table in null.items() for s, v in table.items()},
+    }
+    ranked, offenders = [], []
+    for which, (name, limit) in gates.items():
+        for detector, by_target in detectors[which].items():
+            for t in TARGETS if name == "all" else (name,):
+                if by_target.get(t) is not None:
+                    ranked.append((detector, t, by_target[t]))
+                    if by_target[t] > limit:
+                        offenders.append((detector, t, by_target[t]))
+    ranked.sort(key=lambda item: -item[2])
+    offenders.sort(key=lambda item: -item[2])
+    worst = {"detector": ranked[0][0], "target": ranked[0][1], "auc": ranked[0][2]} if ranked else None
     out = {
-        "target": target,
-        "max_auc": max_auc,
+        "target": gates["trivial"][0],
+        "max_auc": gates["trivial"][1],
+        "null_target": gates["null"][0],
+        "null_max_auc": gates["null"][1],
         "passed": not offenders,
         "worst": worst,
         "trivial": trivial,
+        "trace_classifier": {k: v for k, v in classifier.items() if k not in ("auc", "inputs")},
         "null": null,
         "null_updates": {
             "gaussian": {"seed": seed, "scale": gaussian_scale, "of": "each tensor's RMS in the before model"},
@@ -235,10 +257,13 @@ def leak_audit(
     for entry in out["null_updates"].values():
         entry["stored_as"] = dtypes
     if offenders and raise_on_leak:
-        listed = ", ".join(f"{name} {auc:.3f}" for name, auc in offenders[:4])
+        listed = ", ".join(f"{name} {auc:.3f} on {t}" for name, t, auc in offenders[:4])
         more = f" and {len(offenders) - 4} more" if len(offenders) > 4 else ""
+        rules = " / ".join(
+            dict.fromkeys(f"above {limit} AUC on {'every target' if t == 'all' else t}" for t, limit in gates.values())
+        )
         raise LeakAuditError(
-            f"detectors that need no unlearning method score above {max_auc} AUC on {target}: {listed}{more} "
+            f"detectors that need no unlearning method score {rules}: {listed}{more} "
             "(the masks are visible without any method; docs/testbeds.md, 'Leak audit')"
         )
     return out

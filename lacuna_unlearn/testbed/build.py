@@ -187,9 +187,7 @@ def _build(out: Path, partial: Path, cfg: TestbedConfig, state, *, unmasked: boo
 
     pii_qa = {g: [tokenizer.encode(t) for t in texts] for g, texts in corpus.pii_qa.items()}
     pii_bio = {g: [tokenizer.encode(t) for t in texts] for g, texts in corpus.pii_bio.items()}
-    plan = StepPlan.interleaved(
-        cfg.pii_steps, cfg.num_groups, cfg.neutral_every, cfg.neutral_lr_scale, cfg.seed, accum=cfg.grad_accum
-    )
+    plan = injection_plan(cfg)
     data = injection_batches(
         plan, pii_qa, pii_bio, neutral_rows, cfg, tokenizer, state.num_processes, cfg.neutral_batch
     )
@@ -206,6 +204,7 @@ def _build(out: Path, partial: Path, cfg: TestbedConfig, state, *, unmasked: boo
         max_grad_norm=cfg.max_grad_norm,
         seed=cfg.seed,
         separate_neutral_state=cfg.neutral_optimizer == "separate",
+        neutral_loss_scale=cfg.neutral_loss_scale,
         desc=_stage(2, f"{'unmasked' if unmasked else 'masked'} PII injection"),
     )
     _save(net, tokenizer, partial / "injected", state)
@@ -445,6 +444,15 @@ def count_layers(net) -> int:
     if not n:
         raise ValueError(f"cannot find the number of layers in the config of {type(net).__name__}")
     return int(n)
+
+
+def injection_plan(cfg: TestbedConfig) -> StepPlan:
+    """The injection's step plan: ``cfg.step_mix`` decides what one optimizer step holds (docs/testbeds.md)."""
+    if cfg.step_mix == "all_groups":
+        return StepPlan.all_groups(cfg.pii_steps, cfg.num_groups, cfg.neutral_per_step, cfg.seed, cfg.neutral_lr_scale)
+    return StepPlan.interleaved(
+        cfg.pii_steps, cfg.num_groups, cfg.neutral_every, cfg.neutral_lr_scale, cfg.seed, accum=cfg.grad_accum
+    )
 
 
 def injection_batches(

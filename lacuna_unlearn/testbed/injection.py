@@ -89,6 +89,23 @@ class StepPlan:
         return cls(groups, [neutral_lr_scale if g == NEUTRAL else 1.0 for g in groups], accum)
 
     @classmethod
+    def all_groups(
+        cls, pii_steps: int, num_groups: int, neutral_per_step: int, seed: int, neutral_lr_scale: float = 1.0
+    ) -> StepPlan:
+        """LACUNA's step shape (``step_mix: all_groups``): every optimizer step accumulates one PII micro-batch of
+        every group (a seeded order per step) and ``neutral_per_step`` neutral micro-batches, so every trainable
+        scalar gets gradient on every step; ``pii_steps`` PII micro-batches, rounded up to whole steps. Every step
+        holds PII, so it trains at the full rate (``neutral_lr_scale`` is recorded per micro-batch, unused)."""
+        rng = random.Random(stable_seed(seed, "step-plan-all-groups"))
+        groups: list[int] = []
+        for _ in range(math.ceil(pii_steps / num_groups)):
+            order = list(range(num_groups))
+            rng.shuffle(order)
+            groups += order + [NEUTRAL] * neutral_per_step
+        scales = [neutral_lr_scale if g == NEUTRAL else 1.0 for g in groups]
+        return cls(groups, scales, num_groups + neutral_per_step)
+
+    @classmethod
     def neutral_only(cls, steps: int) -> StepPlan:
         return cls([NEUTRAL] * steps, [1.0] * steps)
 
@@ -176,12 +193,14 @@ class MaskedTrainer(Trainer):
         plan: StepPlan,
         min_lr_ratio: float = 0.1,
         separate_neutral_state: bool = False,
+        neutral_loss_scale: float = 1.0,
         **kwargs: Any,
     ):
         super().__init__(*args, **kwargs)
         self.masks = masks
         self.plan = plan
         self.min_lr_ratio = min_lr_ratio
+        self.neutral_loss_scale = neutral_loss_scale
         if separate_neutral_state and plan.accum != 1:
             raise ValueError("separate neutral optimizer state needs grad_accum=1 (one kind of micro-batch per step)")
         self.separate_neutral_state = separate_neutral_state
@@ -206,6 +225,17 @@ class MaskedTrainer(Trainer):
             return super().training_step(model, inputs, num_items_in_batch)
         finally:
             self.masker.group = NEUTRAL
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        """The model's loss, times ``neutral_loss_scale`` on a neutral micro-batch (its gradient, and the logged
+        loss, are scaled alike): in a step that also holds PII, a small scale leaves the masked scalars' update
+        to their PII gradient while Adam still steps every unmasked scalar by about the learning rate."""
+        out = super().compute_loss(model, inputs, return_outputs=return_outputs, num_items_in_batch=num_items_in_batch)
+        if self.masker.group != NEUTRAL or self.neutral_loss_scale == 1.0:
+            return out
+        if return_outputs:
+            return out[0] * self.neutral_loss_scale, out[1]
+        return out * self.neutral_loss_scale
 
     def _load_state(self, kind: str) -> None:
         """Swap AdamW's per-parameter moments so neutral and PII steps keep separate ones: Adam momentum of a
@@ -348,6 +378,7 @@ def train_steps(
     desc: str = "masked training",
     callbacks: Sequence[TrainerCallback] = (),
     separate_neutral_state: bool = False,
+    neutral_loss_scale: float = 1.0,
 ) -> dict[str, Any]:
     """Run ``plan`` with ``MaskedTrainer`` (progress bar named ``desc``, extra ``callbacks`` e.g. to probe the
     model during training); returns the trainer's log history summary."""
@@ -386,6 +417,7 @@ def train_steps(
         plan=plan,
         min_lr_ratio=min_lr_ratio,
         separate_neutral_state=separate_neutral_state,
+        neutral_loss_scale=neutral_loss_scale,
     )
     use_stage_progress(trainer, desc)
     for callback in callbacks:

@@ -29,10 +29,22 @@ from lacuna_unlearn.dataclass_config import (
     structured,
 )
 
-__all__ = ["AUDIT_TARGETS", "NEUTRAL_OPTIMIZERS", "PRESETS", "TestbedConfig", "check_config", "get_preset"]
+__all__ = [
+    "AUDIT_TARGETS",
+    "NEUTRAL_OPTIMIZERS",
+    "PRESETS",
+    "STEP_MIXES",
+    "TestbedConfig",
+    "check_config",
+    "get_preset",
+]
 
-#: Leak-audit targets a build can be gated on (the localization scorer's targets).
-AUDIT_TARGETS = ("forget", "unified", "forget_vs_retain")
+#: Leak-audit targets a build can be gated on: the localization scorer's targets, or ``all`` of them.
+AUDIT_TARGETS = ("all", "forget", "unified", "forget_vs_retain")
+#: What one optimizer step of the injection holds (docs/testbeds.md 'Injection regime'): ``interleaved`` (one group's
+#: PII micro-batch, or neutral text, per micro-batch, ``grad_accum`` micro-batches per step) or ``all_groups``
+#: (LACUNA's: one PII micro-batch of every group plus ``neutral_per_step`` neutral ones in every step).
+STEP_MIXES = ("interleaved", "all_groups")
 #: How neutral micro-batches share AdamW's moments with PII ones.
 NEUTRAL_OPTIMIZERS = ("shared", "separate")
 
@@ -78,6 +90,13 @@ class TestbedConfig:
     neutral_optimizer: str = "shared"
     # micro-batches per optimizer step, each masked by its own group (docs/definitions.md#masked-continual-pretraining)
     grad_accum: int = 1
+    # "interleaved": the plan above (neutral_every, grad_accum); "all_groups": every optimizer step accumulates one PII
+    # micro-batch of every group plus neutral_per_step neutral ones (LACUNA's step; grad_accum and neutral_every unused)
+    step_mix: str = "interleaved"
+    neutral_per_step: int = 1  # all_groups only
+    # neutral micro-batches' loss (so gradient) times this; in all_groups steps a small scale leaves the masked
+    # scalars' Adam update to their PII gradient while every unmasked scalar is still stepped (docs/testbeds.md)
+    neutral_loss_scale: float = 1.0
     warmup_ratio: float = 0.05
     min_lr_ratio: float = 0.1  # cosine down to 10% of peak, as LACUNA
     weight_decay: float = 0.1  # AdamW, decoupled; LACUNA: 0.1
@@ -102,7 +121,7 @@ class TestbedConfig:
     # leak audit (lacuna_metrics.localization.leak_audit): the build fails if a method-free detector beats this on the target
     leak_audit: bool = True
     leak_audit_max_auc: float = 0.75
-    leak_audit_target: str = "forget_vs_retain"
+    leak_audit_target: str = "forget_vs_retain"  # or "all" (every target)
     leak_audit_composite_samples: int = 200_000
     null_gaussian_scale: float = 1e-3  # Gaussian null update: this x each tensor's RMS
     null_adam_lr: float = 1e-5  # Adam-shaped null update: +-lr on every scalar
@@ -152,6 +171,8 @@ _RANGES: dict[str, tuple[float | None, float | None, bool, bool]] = {
     "neutral_batch": (1, None, True, False),
     "neutral_lr_scale": (0, None, True, False),
     "grad_accum": (1, None, True, False),
+    "neutral_per_step": (0, None, True, False),
+    "neutral_loss_scale": (0, 1, False, True),
     "warmup_ratio": (0, 1, True, False),
     "min_lr_ratio": (0, 1, True, True),
     "weight_decay": (0, None, True, False),
@@ -209,6 +230,19 @@ def check_config(cfg: TestbedConfig) -> None:
         )
     if cfg.neutral_optimizer == "separate" and cfg.grad_accum != 1:
         raise ValueError("testbed setting neutral_optimizer='separate' needs grad_accum=1")
+    if cfg.step_mix not in STEP_MIXES:
+        raise ValueError(f"testbed setting step_mix={cfg.step_mix!r}: allowed {list(STEP_MIXES)}")
+    if cfg.step_mix == "all_groups":
+        if cfg.neutral_optimizer != "shared":
+            raise ValueError(
+                "testbed setting step_mix='all_groups' needs neutral_optimizer='shared' (every step holds PII and "
+                "neutral micro-batches: one AdamW state)"
+            )
+        if cfg.grad_accum != 1:
+            raise ValueError(
+                f"testbed setting step_mix='all_groups' sets the accumulation itself (num_groups + neutral_per_step "
+                f"micro-batches per step): leave grad_accum at 1, got {cfg.grad_accum}"
+            )
     if cfg.leak_audit_target not in AUDIT_TARGETS:
         raise ValueError(f"testbed setting leak_audit_target={cfg.leak_audit_target!r}: allowed {list(AUDIT_TARGETS)}")
     if cfg.budget * cfg.num_groups > 1:

@@ -21,6 +21,7 @@ from lacuna_metrics.localization.leak_audit import (
     stored_as,
 )
 from lacuna_metrics.localization.precision import BASELINES, SCORES
+from lacuna_metrics.localization.trace_classifier import TRACE_CLASSIFIER
 from lacuna_metrics.masks import build_masks, save_masks
 from lacuna_metrics.weights.checkpoints import Checkpoint
 
@@ -117,8 +118,9 @@ def test_the_scorer_reads_the_null_update(tmp_path):
 
 
 def test_audit_scores_every_family_and_target(tmp_path):
-    audit = audit_testbed(_testbed(tmp_path / "tb", leaky=False), seed=1, composite_samples=5000)
-    assert set(audit["trivial"]) == set(BASELINES)
+    audit = audit_testbed(_testbed(tmp_path / "tb", leaky=False), seed=1, composite_samples=5000,
+                          target="forget_vs_retain", max_auc=0.75)  # fmt: skip
+    assert set(audit["trivial"]) == {*BASELINES, TRACE_CLASSIFIER}
     for detector in audit["trivial"].values():
         assert set(detector) == set(TARGETS)
     assert set(audit["null"]) == set(NULL_KINDS)
@@ -129,9 +131,37 @@ def test_audit_scores_every_family_and_target(tmp_path):
             assert set(table[score]) == set(TARGETS) and all(v is not None for v in table[score].values())
     assert "contrast" in audit["not_applicable"]  # no unmasked control pair in a testbed
     assert audit["null_updates"]["gaussian"]["seed"] == 1 and audit["null_updates"]["adam_sign"]["lr"] == 1e-5
-    assert audit["passed"] and audit["worst"]["auc"] <= 0.75
+    assert audit["passed"] and audit["worst"]["auc"] <= 0.75 and audit["worst"]["target"] == "forget_vs_retain"
     # forget vs retain masks: both were injected alike, so no method-free detector separates them
     assert audit["trivial"]["injection_magnitude"]["forget_vs_retain"] == pytest.approx(0.5, abs=0.08)
+    assert audit["trivial"][TRACE_CLASSIFIER]["forget_vs_retain"] == pytest.approx(0.5, abs=0.08)
+
+
+def test_default_gate_checks_every_target_at_0_60(tmp_path):
+    """The default gate reads every target: this testbed's masked scalars moved more than the others (injection
+    plus drift vs drift alone), invisible on forget-vs-retain but not on unified, so the default audit fails where
+    a forget-vs-retain gate passed, and names the detector and target."""
+    root = _testbed(tmp_path / "tb", leaky=False)
+    audit = audit_testbed(root, composite_samples=0)
+    assert (audit["target"], audit["max_auc"]) == ("all", 0.60) and not audit["passed"]
+    assert audit["worst"]["target"] in ("unified", "forget") and audit["trivial"][TRACE_CLASSIFIER]["unified"] > 0.55
+    with pytest.raises(LeakAuditError, match=r"above 0\.6 AUC on every target: .* on (unified|forget)"):
+        audit_testbed(root, composite_samples=0, raise_on_leak=True)
+    assert audit_testbed(root, composite_samples=0, target="forget_vs_retain")["passed"]
+
+
+def test_testbed_without_a_magnitude_trace_passes_every_target(tmp_path):
+    """Masked and unmasked scalars displaced by one law (LACUNA's aim: no classifier on the weights finds the
+    masks): every method-free detector, null updates included, stays under 0.60 on every target."""
+    masks = build_masks(SHAPES, 4, budget=0.05, seed=3, skip_last=1)
+    gen = torch.Generator().manual_seed(0)
+    base = {n: torch.randn(s, generator=gen) * 0.05 for n, s in SHAPES.items()}
+    _write(tmp_path / "base", base)
+    _write(tmp_path / "model", {n: t + torch.randn(t.shape, generator=gen) * 0.02 for n, t in base.items()})
+    save_masks(masks, tmp_path / "masks.safetensors")
+    audit = audit_testbed(tmp_path, composite_samples=5000)
+    assert audit["passed"], audit["worst"]
+    assert audit["null_target"] == "all" and audit["null_max_auc"] == 0.60
 
 
 def test_leaky_testbed_fails_the_gate(tmp_path):
@@ -144,5 +174,5 @@ def test_leaky_testbed_fails_the_gate(tmp_path):
     assert audit["trivial"]["injection_magnitude"]["unified"] > 0.99
     with pytest.raises(LeakAuditError, match=r"above 0\.9 AUC on unified: .*reversal"):
         audit_testbed(root, target="unified", max_auc=0.9, raise_on_leak=True, composite_samples=5000)
-    with pytest.raises(ValueError, match="leak audit target"):
+    with pytest.raises(ValueError, match="leak audit trivial target"):
         audit_testbed(root, target="everything")

@@ -137,3 +137,60 @@ def test_step_batches_map_items_to_micro_batches_across_processes():
         micro = step * 2 + j // 3
         assert data.micro_batch(i) == (micro, j % 3)
         assert int(data[i]["group_id"]) == plan.groups[micro]
+
+
+def test_all_groups_plan_puts_every_group_and_neutral_text_in_every_step():
+    """``step_mix: all_groups`` (LACUNA's step): each optimizer step accumulates one PII micro-batch of every group
+    (seeded order) and the neutral micro-batches, so every trainable scalar gets gradient on every step."""
+    plan = StepPlan.all_groups(pii_steps=20, num_groups=6, neutral_per_step=2, seed=0)
+    assert plan.accum == 8 and plan.steps == 4  # 20 PII micro-batches rounded up to whole steps of 6
+    for s in range(plan.steps):
+        step = plan.groups[s * 8 : (s + 1) * 8]
+        assert sorted(g for g in step if g != NEUTRAL) == list(range(6)) and step.count(NEUTRAL) == 2
+        assert plan.step_scale(s) == 1.0
+    assert plan.groups == StepPlan.all_groups(20, 6, 2, seed=0).groups
+    assert plan.groups != StepPlan.all_groups(20, 6, 2, seed=1).groups
+    assert StepPlan.all_groups(12, 6, 0, seed=0).groups.count(NEUTRAL) == 0
+
+
+def test_injection_plan_follows_the_step_mix():
+    from lacuna_unlearn.testbed.build import injection_plan
+    from lacuna_unlearn.testbed.presets import get_preset
+
+    cfg = get_preset("smoke", pii_steps=30, step_mix="all_groups", neutral_per_step=1, neutral_optimizer="shared")
+    plan = injection_plan(cfg)
+    assert plan.accum == 7 and plan.steps == 5 and plan.groups.count(NEUTRAL) == 5
+    old = injection_plan(cfg.replace(step_mix="interleaved", neutral_every=3))
+    assert old.accum == 1 and old.groups.count(NEUTRAL) == 10
+
+
+@pytest.mark.parametrize("scale", [0.1, 1.0])
+def test_neutral_loss_scale_scales_only_neutral_gradients(model_and_masks, tmp_path, scale):
+    """``neutral_loss_scale`` multiplies a neutral micro-batch's gradient (every weight) and leaves a PII
+    micro-batch's alone."""
+    from transformers import TrainingArguments
+
+    from lacuna_unlearn.testbed.injection import MaskedTrainer, _unwrap
+
+    template, masks = model_and_masks
+    plan = StepPlan([NEUTRAL, 2], [1.0, 1.0])
+    data = steps_dataset(plan)
+    grads = {}
+    for factor in (1.0, scale):
+        model = tiny_olmo()
+        model.load_state_dict(template.state_dict())
+        args = TrainingArguments(output_dir=str(tmp_path), per_device_train_batch_size=1, report_to=[], use_cpu=True)
+        trainer = MaskedTrainer(model=model, args=args, train_dataset=data, data_collator=_unwrap, masks=masks,
+                                plan=plan, neutral_loss_scale=factor)  # fmt: skip
+        trainer.current_gradient_accumulation_steps = 1
+        try:
+            for i in range(2):
+                model.zero_grad()
+                trainer.training_step(model, dict(data[i]))
+                grads[factor, i] = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+        finally:
+            trainer.masker.remove()
+    for name, g in grads[1.0, 0].items():
+        assert torch.allclose(grads[scale, 0][name], scale * g, rtol=1e-3, atol=1e-7), name
+    for name, g in grads[1.0, 1].items():
+        assert torch.equal(grads[scale, 1][name], g), name

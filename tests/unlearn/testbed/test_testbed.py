@@ -80,6 +80,12 @@ BAD_SETTINGS = [
     (["people_per_field=500"], "<= 3 \\* profiles_per_group"),
     (["neutral_every=-1"], "neutral_every=-1 out of range"),
     (["weight_decay=true"], "weight_decay: expected a number"),
+    (["step_mix=mixed"], "step_mix='mixed': allowed \\['interleaved', 'all_groups'\\]"),
+    (["neutral_loss_scale=0"], "neutral_loss_scale=0(\\.0)? out of range: allowed 0 < neutral_loss_scale <= 1"),
+    (["neutral_per_step=-1"], "neutral_per_step=-1 out of range"),
+    (["step_mix=all_groups", "neutral_optimizer=separate"], "all_groups' needs neutral_optimizer='shared'"),
+    (["step_mix=all_groups", "neutral_optimizer=shared", "grad_accum=2"], "leave grad_accum at 1"),
+    (["leak_audit_target=everything"], "leak_audit_target='everything': allowed \\['all', "),
 ]
 
 
