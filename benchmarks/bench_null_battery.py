@@ -67,14 +67,14 @@ def main() -> None:
                 row = {
                     "update": name, "dtype": dtype_name, "target": target, "best": best, "family": family,
                     "lift": lift, "null_sd": sd, "uncalibrated": unc, "raw": raw, "seconds": round(seconds, 1),
-                    "null_seconds": cal["seconds"],
+                    "null_seconds": result["manifest"]["localization_timings"]["null_seconds"],
                 }  # fmt: skip
                 rows.append(row)
                 print(
                     f"| {name} | {dtype_name} | {target} | {'none' if best is None else f'{best:.3f}'} | "
                     f"{family or '—'} | {'—' if lift is None else f'{lift:+.4f}'} | "
                     f"{'—' if sd is None else f'{sd:.4f}'} | {unc['score']} {unc['value']:.3f} | {raw} | "
-                    f"{seconds:.0f} ({cal['seconds']:.0f} null) |",
+                    f"{seconds:.0f} ({result['manifest']['localization_timings']['null_seconds']:.0f} null) |",
                     flush=True,
                 )
     free = [r for r in rows if not r["update"].startswith("forget_only")]

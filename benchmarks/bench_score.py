@@ -223,7 +223,7 @@ def child(kind: str, spec: dict) -> dict:
         out["bound"] = max(b for b in result["auc_error_bound"]["forget"].values())
         out["params"] = result["universe"]["scalars"]
         out["composite_seconds"] = result["manifest"]["localization_timings"].get("composite_seconds")
-        out["null_seconds"] = (result.get("null_calibration") or {}).get("seconds")
+        out["null_seconds"] = (result["manifest"].get("localization_timings") or {}).get("null_seconds")
     elif kind == "naive":
         import numpy as np
         from safetensors.torch import load_file

@@ -250,7 +250,7 @@ def score_pair(
         masks_model = _masks_model(mask_reader, inputs["before"], allow_mask_mismatch, warn)
     null_section = None
     if loc is not None and null:
-        null_section = calibrate_sample(
+        null_section, null_seconds = calibrate_sample(
             loc["auc"],
             localization.null_sample(),
             families=[s for s in localization.scores if s != "crossfield"],
@@ -264,6 +264,8 @@ def score_pair(
             ties=config.qtile_ties,
             folds=config.composite_folds,
         )
+        if timings is not None:
+            timings = {**timings, "null_seconds": null_seconds}
     if frag_acc is not None:
         frag_section = frag_acc.result()
         assert stats is not None

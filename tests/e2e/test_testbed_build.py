@@ -74,7 +74,7 @@ def test_layout_and_manifest(smoke_testbed):
     assert manifest["sizes"]["masked_per_group"] == masks.total_counts()
     audit = manifest["leak_audit"]
     assert audit["target"] == "forget_vs_retain" and audit["passed"] and audit["worst"]["auc"] <= audit["max_auc"]
-    assert set(audit["trivial"]) == {"before_magnitude", "injection_magnitude"}
+    assert set(audit["trivial"]) == {"before_magnitude", "injection_magnitude", "trace_classifier"}
     assert set(audit["null"]) == {"gaussian", "adam_sign"} and "reversal" in audit["null"]["adam_sign"]
     heldout = [
         json.loads(line)["text"] for line in (smoke_testbed / manifest["neutral_heldout"]).read_text().splitlines()

@@ -250,8 +250,8 @@ def test_the_null_sample_does_not_depend_on_blocks_or_threads(tmp_path):
         score_pair(after, config=LocalizationConfig(block_elems=b, threads=t, composite=False), **pair)
         for b, t in ((1 << 20, 1), (1000, 2))
     ]
-    strip = [{k: v for k, v in r["null_calibration"].items() if k != "seconds"} for r in runs]
-    assert strip[0] == strip[1]
+    strip = [r["null_calibration"] for r in runs]
+    assert strip[0] == strip[1]  # no timing in the section: the same inputs give the same section
     assert strip[0]["sample"]["scalars"] < strip[0]["sample"]["universe_scalars"]
 
 
