@@ -106,7 +106,7 @@ def test_score_names_its_checkpoints(pair):
 def test_matched_pair_passes_and_names_the_checkpoint(pair, tmp_path, capsys):
     out = lm_eval_out(tmp_path / "lm_a", f"pretrained={pair.a},dtype=float32")
     report = tmp_path / "gate.json"
-    assert gate(out, "--score", pair.score_a, "--max-leak", "0.1", "--min-auc", "0", "--json", report) == 0
+    assert gate(out, "--score", pair.score_a, "--max-leak", "0.1", "--check", "auc_forget>=0", "--json", report) == 0
     text = capsys.readouterr().out
     fp = Checkpoint(pair.a).fingerprint()
     assert f"checkpoint: {pair.a.resolve()} ({fp[:19]}…) = {pair.score_a} after: verified" in text
@@ -121,7 +121,7 @@ def test_checkpoint_a_results_with_checkpoint_b_score_are_refused(pair, tmp_path
     out = lm_eval_out(tmp_path / "lm_a", f"pretrained={pair.a},dtype=float32")
     junit, report = tmp_path / "reports" / "gate.xml", tmp_path / "reports" / "gate.json"
     for extra in ([], ["--allow-unverified"]):  # a proven mismatch is never overridable
-        code = gate(out, "--score", pair.score_b, "--min-auc", "0", "--junit", junit, "--json", report, *extra)
+        code = gate(out, "--score", pair.score_b, "--check", "auc_forget>=0", "--junit", junit, "--json", report, *extra)
         assert code == 2
         captured = capsys.readouterr()
         [line] = captured.err.splitlines()
@@ -132,17 +132,17 @@ def test_checkpoint_a_results_with_checkpoint_b_score_are_refused(pair, tmp_path
         assert not junit.parent.exists()  # no report, not even a temporary file
     # per lm-eval input: A's results with B's score are refused even when the other pair matches
     out_b = lm_eval_out(tmp_path / "lm_b", f"pretrained={pair.b}")
-    assert gate(out, out_b, "--score", pair.score_a, "--score", pair.score_b, "--min-auc", "0") == 0
-    assert gate(out, out_b, "--score", pair.score_b, "--score", pair.score_a, "--min-auc", "0") == 2
-    assert gate(out, out_b, "--score", pair.score_a, "--min-auc", "0") == 2  # one score for both
+    assert gate(out, out_b, "--score", pair.score_a, "--score", pair.score_b, "--check", "auc_forget>=0") == 0
+    assert gate(out, out_b, "--score", pair.score_b, "--score", pair.score_a, "--check", "auc_forget>=0") == 2
+    assert gate(out, out_b, "--score", pair.score_a, "--check", "auc_forget>=0") == 2  # one score for both
 
 
 def test_real_cli_exit_codes(pair, tmp_path):
     out = lm_eval_out(tmp_path / "lm_a", f"pretrained={pair.a}")
-    ok = _lacuna("gate", out, "--score", pair.score_a, "--min-auc", "0", "--max-leak", "0.1")
+    ok = _lacuna("gate", out, "--score", pair.score_a, "--check", "auc_forget>=0", "--max-leak", "0.1")
     assert ok.returncode == 0, ok.stderr
     assert "verified" in ok.stdout and "PASSED" in ok.stdout
-    bad = _lacuna("gate", out, "--score", pair.score_b, "--min-auc", "0", "--json", tmp_path / "g.json")
+    bad = _lacuna("gate", out, "--score", pair.score_b, "--check", "auc_forget>=0", "--json", tmp_path / "g.json")
     assert bad.returncode == 2 and "checkpoint mismatch" in bad.stderr and len(bad.stderr.splitlines()) == 1
     assert not (tmp_path / "g.json").exists()
 
@@ -159,7 +159,7 @@ def test_same_weights_resaved_elsewhere_still_match(pair, tmp_path):
     weight_map = {n: f"model-0000{1 if i < 5 else 2}-of-00002.safetensors" for i, n in enumerate(names)}
     (copy / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
     out = lm_eval_out(tmp_path / "lm", f"pretrained={copy}")
-    assert gate(out, "--score", pair.score_a, "--min-auc", "0") == 0
+    assert gate(out, "--score", pair.score_a, "--check", "auc_forget>=0") == 0
 
 
 def test_old_score_without_fingerprints(pair, tmp_path, capsys):
@@ -167,25 +167,25 @@ def test_old_score_without_fingerprints(pair, tmp_path, capsys):
     warning, but still refuses when the checkpoint at its after path is not the evaluated one."""
     out = lm_eval_out(tmp_path / "lm_a", f"pretrained={pair.a}")
     old_a = _old_score(pair.score_a, tmp_path / "old_a" / "score.json")
-    assert gate(out, "--score", old_a, "--min-auc", "0") == 2
+    assert gate(out, "--score", old_a, "--check", "auc_forget>=0") == 2
     [line] = capsys.readouterr().err.splitlines()
     assert "schema_version 1" in line and "re-score" in line and f"lacuna score --after {pair.a.resolve()}" in line
     assert "--allow-unverified" in line
-    assert gate(out, "--score", old_a, "--min-auc", "0", "--allow-unverified") == 0
+    assert gate(out, "--score", old_a, "--check", "auc_forget>=0", "--allow-unverified") == 0
     captured = capsys.readouterr()
     assert "warning: unverified checkpoint" in captured.err and "UNVERIFIED" in captured.out
     old_b = _old_score(pair.score_b, tmp_path / "old_b" / "score.json")
-    assert gate(out, "--score", old_b, "--min-auc", "0", "--allow-unverified") == 2
+    assert gate(out, "--score", old_b, "--check", "auc_forget>=0", "--allow-unverified") == 2
     assert "checkpoint mismatch" in capsys.readouterr().err
 
 
 def test_evaluated_checkpoint_gone(pair, tmp_path, capsys):
     gone = tmp_path / "deleted_ckpt"
     out = lm_eval_out(tmp_path / "lm", f"pretrained={gone}")
-    assert gate(out, "--score", pair.score_a, "--min-auc", "0") == 2
+    assert gate(out, "--score", pair.score_a, "--check", "auc_forget>=0") == 2
     line = capsys.readouterr().err.strip()
     assert str(gone) in line and "does not exist" in line and "\n" not in line
-    assert gate(out, "--score", pair.score_a, "--min-auc", "0", "--allow-unverified") == 0
+    assert gate(out, "--score", pair.score_a, "--check", "auc_forget>=0", "--allow-unverified") == 0
     assert "does not exist" in capsys.readouterr().err  # a warning, never a silent pass
 
 
@@ -194,16 +194,16 @@ def test_hub_model(pair, tmp_path, monkeypatch, capsys):
 
     monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
     out = lm_eval_out(tmp_path / "lm", "pretrained=lacuna-test/unlearned-a")  # model_sha "": not pinned
-    assert gate(out, "--score", pair.score_a, "--min-auc", "0") == 2
+    assert gate(out, "--score", pair.score_a, "--check", "auc_forget>=0") == 2
     assert "pin no hub commit" in capsys.readouterr().err
     sha = "0123456789abcdef0123456789abcdef01234567"
     pinned = lm_eval_out(tmp_path / "lm_pinned", "pretrained=lacuna-test/unlearned-a", model_sha=sha)
-    assert gate(pinned, "--score", pair.score_a, "--min-auc", "0") == 2
+    assert gate(pinned, "--score", pair.score_a, "--check", "auc_forget>=0") == 2
     assert "not in the local cache" in capsys.readouterr().err
     snapshot = tmp_path / "hub" / "models--lacuna-test--unlearned-a" / "snapshots" / sha
     shutil.copytree(pair.a, snapshot)
-    assert gate(pinned, "--score", pair.score_a, "--min-auc", "0") == 0
-    assert gate(pinned, "--score", pair.score_b, "--min-auc", "0") == 2
+    assert gate(pinned, "--score", pair.score_a, "--check", "auc_forget>=0") == 0
+    assert gate(pinned, "--score", pair.score_b, "--check", "auc_forget>=0") == 2
     assert "checkpoint mismatch" in capsys.readouterr().err
 
 
@@ -211,15 +211,15 @@ def test_checkpoint_rewritten_after_the_evaluation(pair, tmp_path, capsys):
     """lm-eval ran on an earlier checkpoint at the same path (re-run unlearning into the same --out)."""
     stamp = (pair.a / "model.safetensors").stat().st_mtime
     out = lm_eval_out(tmp_path / "lm", f"pretrained={pair.a}", date=stamp - 3600)
-    assert gate(out, "--score", pair.score_a, "--min-auc", "0") == 2
+    assert gate(out, "--score", pair.score_a, "--check", "auc_forget>=0") == 2
     assert "rewritten after lm-eval evaluated it" in capsys.readouterr().err
-    assert gate(out, "--score", pair.score_a, "--min-auc", "0", "--allow-unverified") == 0
+    assert gate(out, "--score", pair.score_a, "--check", "auc_forget>=0", "--allow-unverified") == 0
 
 
 def test_relative_path_and_adapters(pair, tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(pair.root)
     out = lm_eval_out(tmp_path / "lm", f"pretrained={pair.a.name}")  # relative to the current directory
-    assert gate(out, "--score", pair.score_a, "--min-auc", "0") == 0
+    assert gate(out, "--score", pair.score_a, "--check", "auc_forget>=0") == 0
     peft = lm_eval_out(tmp_path / "lm_peft", f"pretrained={pair.a},peft={tmp_path / 'adapter'}")
-    assert gate(peft, "--score", pair.score_a, "--min-auc", "0") == 2
+    assert gate(peft, "--score", pair.score_a, "--check", "auc_forget>=0") == 2
     assert "peft=" in capsys.readouterr().err
