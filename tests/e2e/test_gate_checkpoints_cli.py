@@ -121,7 +121,9 @@ def test_checkpoint_a_results_with_checkpoint_b_score_are_refused(pair, tmp_path
     out = lm_eval_out(tmp_path / "lm_a", f"pretrained={pair.a},dtype=float32")
     junit, report = tmp_path / "reports" / "gate.xml", tmp_path / "reports" / "gate.json"
     for extra in ([], ["--allow-unverified"]):  # a proven mismatch is never overridable
-        code = gate(out, "--score", pair.score_b, "--check", "auc_forget>=0", "--junit", junit, "--json", report, *extra)
+        code = gate(
+            out, "--score", pair.score_b, "--check", "auc_forget>=0", "--junit", junit, "--json", report, *extra
+        )
         assert code == 2
         captured = capsys.readouterr()
         [line] = captured.err.splitlines()
