@@ -69,6 +69,7 @@ def main() -> None:
 
     from lacuna_unlearn import (
         NEUTRAL,
+        OUTSIDE,
         StepPlan,
         count_layers,
         get_preset,
@@ -117,7 +118,7 @@ def main() -> None:
     done_after: list[int] = []
     count = 0
     for step in range(plan.steps):
-        count += sum(g != NEUTRAL for g in plan.groups[step * plan.accum : (step + 1) * plan.accum])
+        count += sum(g not in (NEUTRAL, OUTSIDE) for g in plan.groups[step * plan.accum : (step + 1) * plan.accum])
         done_after.append(count)
     probe_at = {
         step + 1: done_after[step]

@@ -28,6 +28,7 @@ _EXPORTS: dict[str, str] = {
         ),
         "lacuna_unlearn.testbed.injection": (
             "NEUTRAL",
+            "OUTSIDE",
             "StepBatches",
             "StepPlan",
             "mask_gradients",

@@ -451,7 +451,13 @@ def injection_plan(cfg: TestbedConfig) -> StepPlan:
     if cfg.step_mix == "all_groups":
         return StepPlan.all_groups(cfg.pii_steps, cfg.num_groups, cfg.neutral_per_step, cfg.seed, cfg.neutral_lr_scale)
     return StepPlan.interleaved(
-        cfg.pii_steps, cfg.num_groups, cfg.neutral_every, cfg.neutral_lr_scale, cfg.seed, accum=cfg.grad_accum
+        cfg.pii_steps,
+        cfg.num_groups,
+        cfg.neutral_every,
+        cfg.neutral_lr_scale,
+        cfg.seed,
+        accum=cfg.grad_accum,
+        outside_slot=cfg.outside_slot,
     )
 
 

@@ -35,6 +35,9 @@ from lacuna_metrics import MaskSet
 from lacuna_tasks import progress, stable_seed
 
 NEUTRAL = -1
+#: A neutral micro-batch whose gradient reaches only the eligible scalars outside every mask (the "outside" slot of
+#: ``outside_slot`` plans): they are trained on neutral text with the PII micro-batches' dynamics.
+OUTSIDE = -2
 
 
 @dataclass
@@ -70,22 +73,28 @@ class StepPlan:
         neutral_lr_scale: float,
         seed: int,
         accum: int = 1,
+        outside_slot: bool = False,
     ) -> StepPlan:
         """``pii_steps`` PII micro-batches cycling through the groups in a seeded order per cycle; one neutral
         micro-batch after every ``neutral_every`` PII ones; PII micro-batches appended until the plan is whole
-        steps of ``accum``."""
+        steps of ``accum``. ``outside_slot``: every cycle also holds one :data:`OUTSIDE` micro-batch (neutral text
+        for the scalars outside every mask), placed like a group's (not counted in ``pii_steps``)."""
         rng = random.Random(stable_seed(seed, "step-plan"))
         groups: list[int] = []
         cycle: list[int] = []
         done = 0
         while done < pii_steps or len(groups) % accum:
             if not cycle:
-                cycle = list(range(num_groups))
+                cycle = list(range(num_groups)) + ([OUTSIDE] if outside_slot else [])
                 rng.shuffle(cycle)
             groups.append(cycle.pop())
+            if groups[-1] == OUTSIDE:
+                continue
             done += 1
             if neutral_every and done % neutral_every == 0 and done <= pii_steps:
                 groups.append(NEUTRAL)
+        if OUTSIDE in cycle and accum == 1:  # the last cycle's outside slot, had it been drawn after its groups
+            groups.append(OUTSIDE)
         return cls(groups, [neutral_lr_scale if g == NEUTRAL else 1.0 for g in groups], accum)
 
     @classmethod
@@ -134,11 +143,9 @@ class StepBatches(Dataset):
         replicas: int = 1,
         seed: int = 0,
     ) -> None:
-        if any(g != NEUTRAL for g in plan.groups) and not all(
-            pii_qa.get(g) or pii_bio.get(g) for g in set(plan.groups) - {NEUTRAL}
-        ):
+        if not all(pii_qa.get(g) or pii_bio.get(g) for g in set(plan.groups) - {NEUTRAL, OUTSIDE}):
             raise ValueError("a planned group has no PII documents")
-        if NEUTRAL in plan.groups and len(neutral_rows) < neutral_batch:
+        if {NEUTRAL, OUTSIDE} & set(plan.groups) and len(neutral_rows) < neutral_batch:
             raise ValueError(f"neutral text gives {len(neutral_rows)} rows, a neutral step needs {neutral_batch}")
         self.plan, self.pii_qa, self.pii_bio, self.neutral_rows = plan, pii_qa, pii_bio, neutral_rows
         self.pii_batch, self.neutral_batch, self.faq_fraction = pii_batch, neutral_batch, faq_fraction
@@ -158,7 +165,7 @@ class StepBatches(Dataset):
         micro, replica = self.micro_batch(index)
         group = self.plan.groups[micro]
         rng = random.Random(stable_seed(self.seed, "batch", micro, replica))
-        if group == NEUTRAL:
+        if group in (NEUTRAL, OUTSIDE):
             rows = rng.sample(self.neutral_rows, self.neutral_batch)
         else:
             rows = []
@@ -298,6 +305,8 @@ class MicroBatchMasker:
                 return torch.zeros_like(grad)  # outside every mask: no PII gradient at all
             if grad.device not in cache:  # masks live on the CPU; one copy per device, 1 byte per scalar
                 cache[grad.device] = packed.to(grad.device)
+            if self.group == OUTSIDE:  # the eligible scalars outside every mask
+                return grad.masked_fill(cache[grad.device] != 0, 0.0)
             return grad.masked_fill((cache[grad.device] & (1 << self.group)) == 0, 0.0)
 
         return hook

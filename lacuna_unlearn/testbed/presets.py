@@ -94,6 +94,9 @@ class TestbedConfig:
     # micro-batch of every group plus neutral_per_step neutral ones (LACUNA's step; grad_accum and neutral_every unused)
     step_mix: str = "interleaved"
     neutral_per_step: int = 1  # all_groups only
+    # interleaved only: each cycle of the groups also holds one micro-batch of neutral text whose gradient reaches only
+    # the eligible scalars outside every mask (a seventh "group": they train like masked scalars, on neutral text)
+    outside_slot: bool = False
     # neutral micro-batches' loss (so gradient) times this; in all_groups steps a small scale leaves the masked
     # scalars' Adam update to their PII gradient while every unmasked scalar is still stepped (docs/testbeds.md)
     neutral_loss_scale: float = 1.0
@@ -238,6 +241,8 @@ def check_config(cfg: TestbedConfig) -> None:
                 "testbed setting step_mix='all_groups' needs neutral_optimizer='shared' (every step holds PII and "
                 "neutral micro-batches: one AdamW state)"
             )
+        if cfg.outside_slot:
+            raise ValueError("testbed setting outside_slot=true is for step_mix='interleaved'")
         if cfg.grad_accum != 1:
             raise ValueError(
                 f"testbed setting step_mix='all_groups' sets the accumulation itself (num_groups + neutral_per_step "

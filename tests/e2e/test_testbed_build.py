@@ -36,9 +36,22 @@ TINY_BUILD = {
 }  # fmt: skip
 
 
-#: The smoke preset (its geometry: 10% per group, last layer free, no neutral steps, no weight decay) cut down to
-#: TINY_BUILD: for the build's mechanics (processes, regimes), not memorization.
+#: The smoke preset (its geometry: 10% per group, last layer free) cut down to TINY_BUILD: for the build's mechanics
+#: (processes, regimes), not memorization.
 SMOKE_CUT = {**TINY_BUILD, "intermediate_size": 256, "pii_steps": 24, "people_per_field": 2}
+#: The pre-v2 ablation, which no preset uses since issue 34: one group per step, no neutral micro-batches, no weight
+#: decay, so every scalar outside the masks stays bit-identical. Its masks show in |θ_before − θ_base| (unified AUC
+#: 1.0), so its builds are gated as before issue 34 (forget-vs-retain at 0.75).
+PRE_V2 = {
+    "step_mix": "interleaved", "neutral_every": 0, "weight_decay": 0.0, "leak_audit_target": "forget_vs_retain",
+    "leak_audit_max_auc": 0.75,
+}  # fmt: skip
+#: The regime mini used before issue 34 (one group per step; a neutral micro-batch after every 8 PII ones, at 0.05x the
+#: rate with its own AdamW moments; weight decay 0.01): masked scalars move more than the others.
+INTERLEAVED = {
+    "step_mix": "interleaved", "neutral_every": 8, "neutral_lr_scale": 0.05, "neutral_optimizer": "separate",
+    "weight_decay": 0.01,
+}  # fmt: skip
 
 
 def _moved_only_inside_masks(testbed: Path) -> None:
@@ -73,7 +86,8 @@ def test_layout_and_manifest(smoke_testbed):
     assert manifest["preset"] == "smoke" and manifest["regime"] == "masked"
     assert manifest["sizes"]["masked_per_group"] == masks.total_counts()
     audit = manifest["leak_audit"]
-    assert audit["target"] == "forget_vs_retain" and audit["passed"] and audit["worst"]["auc"] <= audit["max_auc"]
+    assert (audit["target"], audit["max_auc"]) == ("all", 0.60)
+    assert audit["passed"] and audit["worst"]["auc"] <= audit["max_auc"]
     assert set(audit["trivial"]) == {"before_magnitude", "injection_magnitude", "trace_classifier"}
     assert set(audit["null"]) == {"gaussian", "adam_sign"} and "reversal" in audit["null"]["adam_sign"]
     heldout = [
@@ -102,13 +116,44 @@ def test_masks_only_eligible_and_last_layers_free(smoke_testbed):
         assert name.split("layers.")[1].split(".")[0] not in last
 
 
-def test_pii_gradient_only_inside_masks(smoke_testbed):
-    """With no neutral steps and no weight decay in the preset, injection may move a weight only if it
-    is in some group's mask: everything else is bit-identical between base/ and injected/."""
-    cfg = get_preset("smoke")
-    if cfg.neutral_every or cfg.weight_decay:
-        pytest.skip("the smoke preset interleaves neutral steps or decays weights")
-    _moved_only_inside_masks(smoke_testbed)
+def test_pii_gradient_only_inside_masks(tmp_path):
+    """The pre-v2 ablation (no neutral steps, no weight decay; passed explicitly, as no preset uses it): injection
+    may move a weight only if it is in some group's mask, everything else is bit-identical between base/ and
+    injected/. Sizes cut (SMOKE_CUT): the property is in the mechanics."""
+    out = build_testbed(tmp_path / "pre_v2", preset="smoke", overrides={**SMOKE_CUT, **PRE_V2})
+    _moved_only_inside_masks(out)
+
+
+@pytest.mark.parametrize("regime", ["all_groups", "interleaved", "pre_v2"])
+def test_every_target_gate_passes_all_groups_and_fails_one_group_per_step(tmp_path, regime):
+    """The leak audit's default gate (every method-free detector <= 0.60 on every target). Issue 34's regime (every
+    group's PII and neutral text in every step, the neutral loss scaled down) leaves no magnitude trace and passes;
+    the control: one group per step (mini's regime before issue 34, and the pre-v2 ablation) moves masked scalars
+    more than the others, and the same gate fails the build on unified, where the forget-vs-retain gate it had
+    passed. Sizes cut (SMOKE_CUT, 60 PII micro-batches): seconds."""
+    from lacuna_unlearn.testbed.build import TestbedError
+
+    regimes = {
+        "all_groups": {"step_mix": "all_groups", "neutral_optimizer": "shared", "neutral_loss_scale": 0.05,
+                       "weight_decay": 0.01},
+        "interleaved": INTERLEAVED,
+        "pre_v2": {k: v for k, v in PRE_V2.items() if not k.startswith("leak_audit")},
+    }  # fmt: skip
+    cut = {**SMOKE_CUT, "pii_steps": 60, **regimes[regime], "leak_audit_target": "all", "leak_audit_max_auc": 0.6}
+    out = tmp_path / regime
+    if regime == "all_groups":
+        audit = _manifest(build_testbed(out, preset="smoke", overrides=cut))["leak_audit"]
+        assert audit["passed"] and audit["target"] == "all"
+        for detector, aucs in audit["trivial"].items():
+            assert all(v <= 0.6 for v in aucs.values()), (detector, aucs)
+        return
+    with pytest.raises(TestbedError, match=r"above 0\.6 AUC on every target: .*(injection_magnitude|trace_classifier) "
+                                           r"\S+ on unified"):  # fmt: skip
+        build_testbed(out, preset="smoke", overrides=cut)
+    assert not out.exists() and not out.with_name(out.name + ".partial").exists()
+    passed = _manifest(build_testbed(out, preset="smoke", overrides={**cut, "leak_audit_target": "forget_vs_retain",
+                                                                       "leak_audit_max_auc": 0.75}))  # fmt: skip
+    assert passed["leak_audit"]["passed"]  # the gate before issue 34 let it through
 
 
 def test_splits_follow_lacuna_rules(smoke_testbed):
@@ -168,9 +213,9 @@ def test_model_without_matching_layer_names_fails_cleanly(tmp_path):
 
 def test_two_process_cpu_build(tmp_path):
     """`accelerate launch --multi_gpu --num_processes 2` on a CPU-only machine (gloo) builds a complete testbed
-    whose injection, its gradients averaged over two processes, still moved only masked weights. (`--cpu` would
-    make accelerate start a single process unless MPI is available.) Sizes cut (SMOKE_CUT): this tests the
-    processes, not memorization, which the session's smoke testbed covers."""
+    whose injection, its gradients averaged over two processes, still moved only masked weights (the pre-v2
+    ablation, passed explicitly). (`--cpu` would make accelerate start a single process unless MPI is available.)
+    Sizes cut (SMOKE_CUT): this tests the processes, not memorization, which the session's smoke testbed covers."""
     accelerate = Path(sys.executable).with_name("accelerate")
     out = tmp_path / "ddp"
     cmd = [
@@ -178,7 +223,7 @@ def test_two_process_cpu_build(tmp_path):
         "--mixed_precision", "no", "--dynamo_backend", "no",
         "-m", "lacuna_unlearn.bench.cli.main", "build-testbed", "--preset", "smoke", "--out", str(out),
     ]  # fmt: skip
-    cmd += [arg for key, value in SMOKE_CUT.items() for arg in ("--set", f"{key}={json.dumps(value)}")]
+    cmd += [arg for key, value in {**SMOKE_CUT, **PRE_V2}.items() for arg in ("--set", f"{key}={json.dumps(value)}")]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ, HF_HUB_OFFLINE="1"), timeout=1200)
     assert proc.returncode == 0, proc.stderr[-4000:]
     manifest = _manifest(out)
@@ -274,8 +319,7 @@ def test_leaky_configuration_fails_the_leak_audit(tmp_path):
     was, so a null update's reversal score finds the masks (unified target): gated there, the build fails, loudly
     and leaving nothing behind."""
     out = tmp_path / "leaky"
-    leaky = {**STANDARD_CUT, "neutral_every": 0, "weight_decay": 0.0, "leak_audit_target": "unified",
-             "leak_audit_max_auc": 0.9}  # fmt: skip
+    leaky = {**STANDARD_CUT, **PRE_V2, "leak_audit_target": "unified", "leak_audit_max_auc": 0.9}
     with pytest.raises(ValueError, match=r"leak audit failed: .*above 0\.9 AUC on unified"):
         build_testbed(out, preset="standard", overrides=leaky)
     assert not out.exists() and not out.with_name("leaky.partial").exists()

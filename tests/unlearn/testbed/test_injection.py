@@ -194,3 +194,40 @@ def test_neutral_loss_scale_scales_only_neutral_gradients(model_and_masks, tmp_p
         assert torch.allclose(grads[scale, 0][name], scale * g, rtol=1e-3, atol=1e-7), name
     for name, g in grads[1.0, 1].items():
         assert torch.equal(grads[scale, 1][name], g), name
+
+
+def test_outside_slot_plan_and_masking(model_and_masks, tmp_path):
+    """``outside_slot``: each cycle of the groups holds one OUTSIDE micro-batch (neutral text, not counted as PII);
+    its gradient reaches only the eligible scalars outside every mask: nothing inside a mask, nothing in a tensor
+    without a mask (norms, the last layer, the head)."""
+    from transformers import TrainingArguments
+
+    from lacuna_unlearn.testbed.injection import OUTSIDE, MaskedTrainer, _unwrap
+
+    plan = StepPlan.interleaved(pii_steps=60, num_groups=6, neutral_every=0, neutral_lr_scale=1.0, seed=0,
+                                outside_slot=True)  # fmt: skip
+    assert sum(g >= 0 for g in plan.groups) == 60 and plan.groups.count(OUTSIDE) == 10
+    for cycle in range(10):
+        assert sorted(plan.groups[cycle * 7 : (cycle + 1) * 7]) == [OUTSIDE, *range(6)]
+    template, masks = model_and_masks
+    model = tiny_olmo()
+    model.load_state_dict(template.state_dict())
+    model.get_input_embeddings().weight.requires_grad_(False)
+    plan = StepPlan([OUTSIDE], [1.0])
+    data = steps_dataset(plan)
+    args = TrainingArguments(output_dir=str(tmp_path), per_device_train_batch_size=1, report_to=[], use_cpu=True)
+    trainer = MaskedTrainer(model=model, args=args, train_dataset=data, data_collator=_unwrap, masks=masks, plan=plan)
+    trainer.current_gradient_accumulation_steps = 1
+    try:
+        trainer.training_step(model, dict(data[0]))
+    finally:
+        trainer.masker.remove()
+    for name, param in model.named_parameters():
+        if not param.requires_grad:
+            continue
+        if name in masks.packed:
+            inside = masks.packed[name] != 0
+            assert not param.grad[inside].any(), name
+            assert param.grad[~inside].abs().sum() > 0, name
+        else:
+            assert not param.grad.any(), name

@@ -85,6 +85,7 @@ BAD_SETTINGS = [
     (["neutral_per_step=-1"], "neutral_per_step=-1 out of range"),
     (["step_mix=all_groups", "neutral_optimizer=separate"], "all_groups' needs neutral_optimizer='shared'"),
     (["step_mix=all_groups", "neutral_optimizer=shared", "grad_accum=2"], "leave grad_accum at 1"),
+    (["step_mix=all_groups", "neutral_optimizer=shared", "outside_slot=true"], "outside_slot=true is for step_mix="),
     (["leak_audit_target=everything"], "leak_audit_target='everything': allowed \\['all', "),
 ]
 
