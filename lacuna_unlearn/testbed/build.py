@@ -476,6 +476,7 @@ def injection_batches(
         pad_id=tokenizer.pad_token_id,
         replicas=processes,
         seed=cfg.seed,
+        outside_batch=cfg.outside_batch,
     )
 
 

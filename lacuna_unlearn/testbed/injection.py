@@ -142,14 +142,17 @@ class StepBatches(Dataset):
         pad_id: int,
         replicas: int = 1,
         seed: int = 0,
+        outside_batch: int | None = None,
     ) -> None:
         if not all(pii_qa.get(g) or pii_bio.get(g) for g in set(plan.groups) - {NEUTRAL, OUTSIDE}):
             raise ValueError("a planned group has no PII documents")
-        if {NEUTRAL, OUTSIDE} & set(plan.groups) and len(neutral_rows) < neutral_batch:
-            raise ValueError(f"neutral text gives {len(neutral_rows)} rows, a neutral step needs {neutral_batch}")
+        need = max(neutral_batch, outside_batch or 0)
+        if {NEUTRAL, OUTSIDE} & set(plan.groups) and len(neutral_rows) < need:
+            raise ValueError(f"neutral text gives {len(neutral_rows)} rows, a neutral step needs {need}")
         self.plan, self.pii_qa, self.pii_bio, self.neutral_rows = plan, pii_qa, pii_bio, neutral_rows
         self.pii_batch, self.neutral_batch, self.faq_fraction = pii_batch, neutral_batch, faq_fraction
         self.seq_len, self.pad_id, self.replicas, self.seed = seq_len, pad_id, replicas, seed
+        self.outside_batch = outside_batch or neutral_batch
 
     def __len__(self) -> int:
         return len(self.plan.groups) * self.replicas
@@ -166,7 +169,7 @@ class StepBatches(Dataset):
         group = self.plan.groups[micro]
         rng = random.Random(stable_seed(self.seed, "batch", micro, replica))
         if group in (NEUTRAL, OUTSIDE):
-            rows = rng.sample(self.neutral_rows, self.neutral_batch)
+            rows = rng.sample(self.neutral_rows, self.outside_batch if group == OUTSIDE else self.neutral_batch)
         else:
             rows = []
             for _ in range(self.pii_batch):

@@ -97,6 +97,9 @@ class TestbedConfig:
     # interleaved only: each cycle of the groups also holds one micro-batch of neutral text whose gradient reaches only
     # the eligible scalars outside every mask (a seventh "group": they train like masked scalars, on neutral text)
     outside_slot: bool = False
+    # rows of neutral text in an outside-slot micro-batch (None: neutral_batch); about a PII micro-batch's tokens
+    # gives the outside scalars a gradient as noisy as the masked ones' (docs/testbeds.md 'The magnitude trace')
+    outside_batch: int | None = None
     # neutral micro-batches' loss (so gradient) times this; in all_groups steps a small scale leaves the masked
     # scalars' Adam update to their PII gradient while every unmasked scalar is still stepped (docs/testbeds.md)
     neutral_loss_scale: float = 1.0
@@ -121,10 +124,11 @@ class TestbedConfig:
     # (people_per_field first, retain_eval_people in proportion) and records the shortfall in the manifest
     fit_people: bool = False
     splits_without_memorization: bool = False  # pipeline tests only: every target counts as memorized
-    # leak audit (lacuna_metrics.localization.leak_audit): the build fails if a method-free detector beats this on the target
+    # leak audit (lacuna_metrics.localization.leak_audit): the build fails if a method-free detector beats this on the
+    # target; "all": every target (forget, unified, forget_vs_retain), LACUNA's check that the weights hide the masks
     leak_audit: bool = True
-    leak_audit_max_auc: float = 0.75
-    leak_audit_target: str = "forget_vs_retain"  # or "all" (every target)
+    leak_audit_max_auc: float = 0.60
+    leak_audit_target: str = "all"
     leak_audit_composite_samples: int = 200_000
     null_gaussian_scale: float = 1e-3  # Gaussian null update: this x each tensor's RMS
     null_adam_lr: float = 1e-5  # Adam-shaped null update: +-lr on every scalar
@@ -173,6 +177,7 @@ _RANGES: dict[str, tuple[float | None, float | None, bool, bool]] = {
     "neutral_every": (0, None, True, False),
     "neutral_batch": (1, None, True, False),
     "neutral_lr_scale": (0, None, True, False),
+    "outside_batch": (1, None, True, False),
     "grad_accum": (1, None, True, False),
     "neutral_per_step": (0, None, True, False),
     "neutral_loss_scale": (0, 1, False, True),
@@ -248,6 +253,8 @@ def check_config(cfg: TestbedConfig) -> None:
                 f"testbed setting step_mix='all_groups' sets the accumulation itself (num_groups + neutral_per_step "
                 f"micro-batches per step): leave grad_accum at 1, got {cfg.grad_accum}"
             )
+    if cfg.outside_batch is not None and not cfg.outside_slot:
+        raise ValueError(f"testbed setting outside_batch={cfg.outside_batch} needs outside_slot=true")
     if cfg.leak_audit_target not in AUDIT_TARGETS:
         raise ValueError(f"testbed setting leak_audit_target={cfg.leak_audit_target!r}: allowed {list(AUDIT_TARGETS)}")
     if cfg.budget * cfg.num_groups > 1:

@@ -209,6 +209,16 @@ def test_outside_slot_plan_and_masking(model_and_masks, tmp_path):
     assert sum(g >= 0 for g in plan.groups) == 60 and plan.groups.count(OUTSIDE) == 10
     for cycle in range(10):
         assert sorted(plan.groups[cycle * 7 : (cycle + 1) * 7]) == [OUTSIDE, *range(6)]
+    assert set(plan.lr_scale) == {1.0}
+    with_neutral = StepPlan.interleaved(pii_steps=60, num_groups=6, neutral_every=4, neutral_lr_scale=0.05, seed=0,
+                                        outside_slot=True)  # fmt: skip
+    assert [g for g in with_neutral.groups if g != NEUTRAL] == plan.groups  # the same order, neutral ones added
+    data = steps_dataset(with_neutral)
+    rows = {g: data[i]["input_ids"].shape[0] for i, g in enumerate(with_neutral.groups)}
+    assert rows[OUTSIDE] == rows[NEUTRAL] == 2 and rows[0] == 3  # neutral_batch rows, pii_batch documents
+    data.outside_batch = 1  # outside_batch: rows of an outside micro-batch only
+    rows = {g: data[i]["input_ids"].shape[0] for i, g in enumerate(with_neutral.groups)}
+    assert (rows[OUTSIDE], rows[NEUTRAL]) == (1, 2)
     template, masks = model_and_masks
     model = tiny_olmo()
     model.load_state_dict(template.state_dict())
