@@ -92,12 +92,23 @@ def existing(flag: str, value: str | os.PathLike[str] | None, kind: str = "any")
         return None
     path = Path(value)
     if not path.exists():
+        _no_symlink_loop(flag, path)
         raise FileNotFoundError(f"{flag} {path}: no such file or directory")
     if kind == "dir" and not path.is_dir():
         raise NotADirectoryError(f"{flag} {path}: not a directory")
     if kind == "file" and not path.is_file():
         raise IsADirectoryError(f"{flag} {path}: not a file")
     return path
+
+
+def _no_symlink_loop(flag: str, path: Path) -> None:
+    """``Path.exists`` says False for a path through a symlink loop: name the loop instead of "no such file" (an
+    input) or of failing at the first write (an output)."""
+    from lacuna_metrics import symlink_loop
+
+    loop = symlink_loop(path)
+    if loop is not None:
+        raise OSError(f"{flag} {path}: {loop} is a symlink loop (too many levels of symbolic links)")
 
 
 def testbed_dir(flag: str, value: str | None) -> Path | None:
@@ -111,6 +122,7 @@ def writable(flag: str, value: str | os.PathLike[str], *, directory: bool) -> Pa
     """``value`` can be created or replaced: a directory (``directory``) or a file whose first existing
     ancestor is a writable directory. Checked before any work, so a read-only disk fails at once."""
     path = Path(value)
+    _no_symlink_loop(flag, path)
     if path.exists() and path.is_dir() != directory:
         raise ValueError(f"{flag} {path}: exists and is {'a file' if directory else 'a directory'}")
     ancestor = path if path.exists() else path.parent
