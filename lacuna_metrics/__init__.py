@@ -39,6 +39,12 @@ _EXPORTS: dict[str, str] = {
             "model_device",
             "transposed_weight_names",
         ),
+        "lacuna_metrics.faults": (
+            "error_line",
+            "naming_outputs",
+            "symlink_loop",
+            "writing",
+        ),
         "lacuna_metrics.frag.targets": ("linear_frag_weights",),
         "lacuna_metrics.localization.leak_audit": (
             "LeakAuditError",

@@ -12,10 +12,12 @@ import os
 import platform
 import tempfile
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
+
+from lacuna_metrics.faults import naming_outputs, writing
 
 __all__ = [
     "PACKAGES",
@@ -84,7 +86,7 @@ def write_text(path: str | os.PathLike[str], text: str) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+        with writing(path), os.fdopen(fd, "w", encoding="utf-8") as fh:
             fh.write(text)
         os.chmod(tmp, 0o644)
         os.replace(tmp, path)
@@ -104,7 +106,8 @@ def save_tensors(path: str | os.PathLike[str], tensors: dict[str, Any], metadata
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     os.close(fd)
     try:
-        save_file({k: v.detach().to("cpu").contiguous() for k, v in tensors.items()}, tmp, metadata=metadata)
+        with writing(path):  # safetensors reports a full disk as text
+            save_file({k: v.detach().to("cpu").contiguous() for k, v in tensors.items()}, tmp, metadata=metadata)
         os.chmod(tmp, 0o644)  # mkstemp creates 0600
         os.replace(tmp, path)
     except BaseException:
@@ -124,20 +127,29 @@ def publish_together(out: str | os.PathLike[str]) -> Iterator[Path]:
     """Yield a staging directory inside ``out``; when the block succeeds, move every file written there into
     ``out`` (same relative paths, one ``os.replace`` each, the top-level ``*.json`` last), so readers see a
     command's outputs together: after a failure ``out`` holds nothing new, and never a report beside an older
-    JSON. Unlike replacing the whole directory, files of ``out`` that the command does not write are kept."""
+    JSON. Unlike replacing the whole directory, files of ``out`` that the command does not write are kept. An error
+    names the file at its place in ``out``; an ``out`` this call created is removed again when nothing reached it."""
     import shutil
 
     out = Path(out)
+    created = not out.exists()
     out.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=".staging-", dir=out))
     try:
-        yield staging
-        files = sorted(p for p in staging.rglob("*") if p.is_file())
-        files.sort(key=lambda p: (p.parent == staging and p.suffix == ".json", str(p)))
-        for file in files:
-            target = out / file.relative_to(staging)
-            target.parent.mkdir(parents=True, exist_ok=True)
-            os.replace(file, target)
+        with naming_outputs(staging, out):
+            yield staging
+            files = sorted(p for p in staging.rglob("*") if p.is_file())
+            files.sort(key=lambda p: (p.parent == staging and p.suffix == ".json", str(p)))
+            for file in files:
+                target = out / file.relative_to(staging)
+                target.parent.mkdir(parents=True, exist_ok=True)
+                os.replace(file, target)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        if created:
+            with suppress(OSError):
+                out.rmdir()  # only when empty: a file already moved in stays
+        raise
     finally:
         shutil.rmtree(staging, ignore_errors=True)
 
@@ -151,7 +163,8 @@ def save_figure(fig: Any, path: str | os.PathLike[str], dpi: int = 110) -> Path:
     fd, tmp = tempfile.mkstemp(prefix=f".{path.stem}.", suffix=path.suffix, dir=path.parent)
     os.close(fd)
     try:
-        fig.savefig(tmp, dpi=dpi)
+        with writing(path):
+            fig.savefig(tmp, dpi=dpi)
         os.chmod(tmp, 0o644)
         os.replace(tmp, path)
     except BaseException:
@@ -192,10 +205,14 @@ def exclusive_writer(
             raise FileExistsError(
                 f"{target}: another {who or command} is writing here (pid {pid}); use another {flag}"
             ) from None
-        handle.seek(0)
-        handle.truncate()
-        handle.write(f"{os.getpid()} {command}")
-        handle.flush()
+        try:  # the first file a command writes: on a full disk it fails here, once (unbuffered), and goes
+            with writing(path):
+                handle.seek(0)
+                handle.truncate()
+                os.write(handle.fileno(), f"{os.getpid()} {command}".encode())
+        except BaseException:
+            path.unlink(missing_ok=True)
+            raise
         try:
             yield
         finally:

@@ -35,6 +35,7 @@ _EXPORTS: dict[str, str] = {
         "lacuna_tasks.loader": (
             "load_data",
             "read_rows",
+            "reading",
         ),
         "lacuna_tasks.logs": (
             "add_verbosity_arguments",

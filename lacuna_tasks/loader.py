@@ -29,6 +29,7 @@ import hashlib
 import json
 import os
 from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -180,8 +181,8 @@ def read_rows(file: Path) -> list[dict[str, Any]]:
 
 def jsonl_lines(file: Path) -> Iterator[tuple[int, Any]]:
     """(line number, parsed value) of every non-blank line of a JSONL file; malformed JSON raises
-    LacunaDataError naming file and line."""
-    with file.open(encoding="utf-8") as fh:
+    LacunaDataError naming file and line, and so does a file that cannot be read (:func:`reading`)."""
+    with reading(file), file.open(encoding="utf-8") as fh:
         for lineno, line in enumerate(fh, start=1):
             if not line.strip():
                 continue
@@ -189,6 +190,37 @@ def jsonl_lines(file: Path) -> Iterator[tuple[int, Any]]:
                 yield lineno, json.loads(line)
             except json.JSONDecodeError as exc:
                 raise LacunaDataError(f"{file}:{lineno}: malformed JSON ({exc.msg})") from None
+
+
+@contextmanager
+def reading(file: str | os.PathLike[str]) -> Iterator[None]:
+    """Around reading the text file ``file``: a read error (permission denied, a symlink loop, a disk error) or
+    bytes that are not UTF-8 become a LacunaDataError naming the file (and the line and byte offset of the first
+    bad byte), which every command and the ``lm_eval`` hook print as one line; Python's own errors name neither."""
+    try:
+        yield
+    except UnicodeDecodeError as exc:
+        raise LacunaDataError(_not_utf8(Path(file), exc)) from None
+    except OSError as exc:
+        reason = exc.strerror or str(exc)
+        raise LacunaDataError(f"{file}: cannot read: {reason[:1].lower()}{reason[1:]}") from None
+
+
+def _not_utf8(file: Path, exc: UnicodeDecodeError) -> str:
+    """Where the first byte that is not UTF-8 is (read again as bytes: a text reader's offset counts from its last
+    buffer); only on the error path, so it costs nothing when the file is good."""
+    try:
+        data = file.read_bytes()
+        data.decode("utf-8")
+    except UnicodeDecodeError as whole:
+        line = data.count(b"\n", 0, whole.start) + 1
+        return (
+            f"{file}:{line}: not UTF-8 text (byte offset {whole.start}: {whole.reason}, 0x{data[whole.start]:02x}); "
+            "save the file as UTF-8"
+        )
+    except OSError:
+        pass
+    return f"{file}: not UTF-8 text ({exc.reason}); save the file as UTF-8"
 
 
 def fingerprint(splits: Mapping[str, list[Mapping[str, Any]]]) -> str:

@@ -202,8 +202,8 @@ def read_yaml(path: str | Path, what: str) -> dict[str, Any]:
 
     file = Path(path)
     try:
-        loaded = yaml.load(file.read_text(), Loader=_loader())
-    except (OSError, yaml.YAMLError) as exc:  # one line: where in the file, and what
+        loaded = yaml.load(file.read_text(encoding="utf-8"), Loader=_loader())
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:  # one line: where in the file, and what
         mark = getattr(exc, "problem_mark", None)
         where = f" line {mark.line + 1}, column {mark.column + 1}:" if mark is not None else ""
         problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]

@@ -14,13 +14,17 @@ __all__ = ["building", "publish_checkpoint"]
 @contextmanager
 def building(out: str | Path) -> Iterator[Path]:
     """Yield a fresh ``OUT.partial`` to write into; on success it replaces ``OUT`` (rename), on any error it is
-    removed and the error re-raised, so a reader never sees half an output."""
+    removed and the error re-raised, so a reader never sees half an output. A write error names its file at its
+    place in ``OUT`` (``OUT`` itself when the writer named none: a full disk under ``save_pretrained``)."""
+    from lacuna_metrics import naming_outputs, writing
+
     out = Path(out)
     partial = out.with_name(out.name + ".partial")
     shutil.rmtree(partial, ignore_errors=True)
     try:
-        partial.mkdir(parents=True)
-        yield partial
+        with naming_outputs(partial, out), writing(out):
+            partial.mkdir(parents=True)
+            yield partial
         if out.exists():
             shutil.rmtree(out)
         partial.rename(out)

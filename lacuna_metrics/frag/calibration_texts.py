@@ -88,13 +88,13 @@ def calibration_texts(
 
 
 def _texts_from_file(path: Path, n: int, columns: set[str] | None = None) -> list[str]:
-    from lacuna_tasks import get_field, qa_text, read_rows
+    from lacuna_tasks import get_field, qa_text, read_rows, reading
 
     suffix = path.suffix.lower()
     if suffix == ".txt":
         if columns is not None:
             raise ValueError(f"calibration file {path}: a .txt file has no field column to select fields by")
-        with path.open(encoding="utf-8") as fh:
+        with reading(path), path.open(encoding="utf-8") as fh:  # unreadable or not UTF-8: one line naming it
             return [line.rstrip("\r\n") for line in fh if line.strip()][:n]
     if suffix != ".jsonl":
         raise ValueError(f"calibration file {path}: expected a .jsonl or .txt file")

@@ -266,8 +266,9 @@ def _jsonl_bytes(rows: Sequence[Mapping[str, Any]], columns: Sequence[str]) -> b
     return "".join(json.dumps({c: r[c] for c in columns}, ensure_ascii=False) + "\n" for r in rows).encode("utf-8")
 
 
-def _atomic_write(path: Path, data: bytes) -> None:
-    """Write via a temp file in the same directory + os.replace: readers never see half a file."""
+def _atomic_write(path: Path, data: bytes, *, shown: Path | None = None) -> None:
+    """Write via a temp file in the same directory + os.replace: readers never see half a file. A write error
+    names ``shown`` (default ``path``): a full disk's names no file."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as fh:
@@ -276,9 +277,36 @@ def _atomic_write(path: Path, data: bytes) -> None:
             os.fsync(fh.fileno())
         os.chmod(tmp, 0o644)  # mkstemp creates 0600; data files are meant to be shared and packaged
         os.replace(tmp, path)
+    except OSError as exc:
+        Path(tmp).unlink(missing_ok=True)
+        if exc.errno is None:
+            raise
+        raise OSError(exc.errno, exc.strerror, str(shown or path)) from exc
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def _publish(out: Path, files: Mapping[str, bytes]) -> None:
+    """Write ``files`` into a staging directory inside ``out``, then move them in, in order (the manifest last):
+    after a failure (a full disk) ``out`` holds nothing new, and an ``out`` this call created is removed."""
+    import shutil
+
+    created = not out.exists()
+    out.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=".staging-", dir=out))
+    try:
+        for name, data in files.items():
+            _atomic_write(staging / name, data, shown=out / name)
+        for name in files:
+            os.replace(staging / name, out / name)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        if created:
+            shutil.rmtree(out, ignore_errors=True)
+        raise
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
 
 
 def dataset_splits(splits: Mapping[str, Any]) -> tuple[str, ...]:
@@ -309,9 +337,9 @@ def write_dataset(
 
     The splits are LACUNA's six, plus ``retain_eval`` and ``retain_eval_paraphrased`` when given (both or neither).
 
-    Rows are validated first (a bad row must not become a silent score of 0 later). Each file is
-    written atomically; the manifest comes last, so its fingerprint only ever describes complete
-    split files. Overwrites a previous dataset (a directory with ``manifest.json``) but refuses any
+    Rows are validated first (a bad row must not become a silent score of 0 later). The files are written to a
+    staging directory and moved in, the manifest last, so its fingerprint only ever describes complete split
+    files and a failed write (a full disk) leaves nothing new. Overwrites a previous dataset (a directory with ``manifest.json``) but refuses any
     other non-empty directory, so a typo in ``--out`` cannot clobber unrelated files.
     """
     out = Path(out_dir)
@@ -324,20 +352,14 @@ def write_dataset(
         )
     names = dataset_splits(splits)
     clean = {s: validate_rows(splits[s], source=str(out), split=s) for s in names}
-    out.mkdir(parents=True, exist_ok=True)
 
     profile_columns = PROFILE_COLUMNS if all(c in p for p in profiles for c in PROFILE_COLUMNS) else None
     profile_bytes = "".join(
         json.dumps({c: p[c] for c in profile_columns} if profile_columns else dict(p), ensure_ascii=False) + "\n"
         for p in profiles
     ).encode("utf-8")
-    files: dict[str, dict[str, Any]] = {}
-    _atomic_write(out / "profiles.jsonl", profile_bytes)
-    files["profiles.jsonl"] = {"bytes": len(profile_bytes), "sha256": hashlib.sha256(profile_bytes).hexdigest()}
-    for split in names:
-        data = _jsonl_bytes(clean[split], QA_COLUMNS)
-        _atomic_write(out / f"{split}.jsonl", data)
-        files[f"{split}.jsonl"] = {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+    blobs = {"profiles.jsonl": profile_bytes, **{f"{s}.jsonl": _jsonl_bytes(clean[s], QA_COLUMNS) for s in names}}
+    files = {name: {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()} for name, data in blobs.items()}
 
     counts = {
         split: {
@@ -367,5 +389,6 @@ def write_dataset(
         }
     )
     content.setdefault("seed", None)
-    _atomic_write(out / "manifest.json", (json.dumps(content, indent=2, ensure_ascii=False) + "\n").encode("utf-8"))
+    blobs["manifest.json"] = (json.dumps(content, indent=2, ensure_ascii=False) + "\n").encode("utf-8")
+    _publish(out, blobs)
     return out

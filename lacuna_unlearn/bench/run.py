@@ -165,6 +165,10 @@ def run_benchmark(
     cfg = copy.deepcopy(dict(cfg or DEFAULT_RUN))
     validate_run_config(cfg)
     preflight_overrides(cfg)
+    if cfg["testbed"] and (Path(cfg["testbed"]) / "data").is_dir():
+        from lacuna_tasks import load_data
+
+        load_data(Path(cfg["testbed"]) / "data")  # every stage reads it: bad data is refused before the first
     with locked(Path(out_dir)):
         return _run_locked(Path(out_dir), cfg, log)
 

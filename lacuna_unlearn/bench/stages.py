@@ -12,7 +12,7 @@ import json
 import logging
 import time
 from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
@@ -39,10 +39,17 @@ def stage_key(inputs: Mapping[str, Any]) -> str:
 @contextmanager
 def locked(out: Path) -> Iterator[None]:
     """Hold ``OUT/.lock`` for the run: a second ``lacuna run`` into the same ``--out`` fails at once instead of
-    racing the first one's stages."""
+    racing the first one's stages. An ``OUT`` this call created is removed again if the run left it empty (it
+    failed before its first stage)."""
+    created = not out.exists()
     out.mkdir(parents=True, exist_ok=True)
-    with exclusive_writer(out, "lacuna run", lock=out / ".lock"):
-        yield
+    try:
+        with exclusive_writer(out, "lacuna run", lock=out / ".lock"):
+            yield
+    finally:
+        if created:
+            with suppress(OSError):
+                out.rmdir()  # only when empty
 
 
 class Stages:

@@ -47,9 +47,11 @@ from lacuna_metrics import (
     build_masks,
     exclusive_writer,
     named_shapes_of,
+    naming_outputs,
     save_masks,
     write_json,
     write_text,
+    writing,
 )
 from lacuna_tasks import FIELDS, FORGET_GROUPS, NEUTRAL_HELDOUT_FILE, RETAIN_GROUPS, build_splits, write_dataset
 from lacuna_unlearn.testbed.corpus import (  # noqa: F401  (re-exported: tests and benchmarks import them from here)
@@ -135,7 +137,8 @@ def _build_locked(out: Path, cfg: TestbedConfig, state, *, unmasked: bool, model
         partial.mkdir(parents=True)
     state.wait_for_everyone()
     try:
-        _build(out, partial, cfg, state, unmasked=unmasked, model=model)
+        with naming_outputs(partial, out), writing(out):  # a full disk names the file at its place in OUT
+            _build(out, partial, cfg, state, unmasked=unmasked, model=model)
     except BaseException:
         if state.is_main_process:
             shutil.rmtree(partial, ignore_errors=True)  # never leave a half-written testbed behind

@@ -28,10 +28,13 @@ __all__ = ["EDITORS", "main", "preflight", "run"]
 def run(cfg: Any) -> Path:
     """Resolve inputs from the config (testbed or explicit paths) and run the method, FRP or an attack."""
     preflight(cfg)  # before the heavy imports below: a bad input fails in about a second
-    from lacuna_metrics import exclusive_writer
+    from lacuna_metrics import exclusive_writer, naming_outputs, writing
 
-    with exclusive_writer(str(cfg.output_dir), "lacuna-unlearn", flag="output_dir"):
-        return _run(cfg)
+    out = Path(str(cfg.output_dir))
+    with exclusive_writer(out, "lacuna-unlearn", flag="output_dir"):
+        # every method builds OUT.partial and renames it: a full disk names the file at its place in OUT
+        with naming_outputs(out.with_name(out.name + ".partial"), out), writing(out):
+            return _run(cfg)
 
 
 def _run(cfg: Any) -> Path:
@@ -146,9 +149,13 @@ def preflight(cfg: Any) -> None:
 
     from omegaconf import OmegaConf
 
+    from lacuna_metrics import symlink_loop
+
     if OmegaConf.is_missing(cfg, "output_dir") or not cfg.output_dir:
         raise ValueError("output_dir is required: add output_dir=DIR (the unlearned checkpoint is written there)")
     out = Path(str(cfg.output_dir))
+    if (loop := symlink_loop(out)) is not None:
+        raise OSError(f"output_dir={out}: {loop} is a symlink loop (too many levels of symbolic links)")
     if out.exists() and not cfg.force:
         raise FileExistsError(f"output_dir={out} exists; pass force=true to overwrite")
     parent = out.parent
@@ -158,6 +165,8 @@ def preflight(cfg: Any) -> None:
         raise PermissionError(f"output_dir={out}: {parent} is not writable")
     for key in ("testbed", "model", "data", "masks"):
         value = cfg.get(key)
+        if value and (loop := symlink_loop(str(value))) is not None:
+            raise OSError(f"{key}={value}: {loop} is a symlink loop (too many levels of symbolic links)")
         if value and not Path(str(value)).exists():
             raise FileNotFoundError(f"{key}={value}: no such file or directory (only local paths are read)")
     if cfg.get("testbed") and not (Path(str(cfg.testbed)) / "manifest.json").is_file():
@@ -209,6 +218,11 @@ def preflight(cfg: Any) -> None:
 
     validate_retain_field(cfg.get("retain_field", "same"))
     check_unlearning_splits(forget_split=cfg.get("forget_split"), retain_split=cfg.get("retain_split"))
+    source = cfg.get("data") or cfg.get("testbed")
+    if source:  # bad data (unreadable, not UTF-8, invalid) fails here, before transformers is imported
+        from lacuna_tasks import load_data
+
+        load_data(str(source))  # cached: run() reads the same object
 
 
 def _method_defaults(cfg: Any) -> dict[str, Any]:
@@ -268,10 +282,15 @@ def main() -> None:
 
     @hydra.main(config_path="pkg://lacuna_unlearn.configs", config_name="unlearn", version_base="1.3")
     def _app(cfg: Any) -> None:
+        from lacuna_metrics import error_line
+
         try:
             out = run(cfg)
-        except (ValueError, OSError) as exc:
-            print(f"lacuna-unlearn: error: {exc}", file=sys.stderr)
+        except Exception as exc:  # a bad input or a file-system fault: one line naming it; anything else: a bug
+            line = error_line(exc)
+            if line is None:
+                raise
+            print(f"lacuna-unlearn: error: {line}", file=sys.stderr)
             sys.exit(2)
         print(f"model written to {out}")
 

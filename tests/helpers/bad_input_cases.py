@@ -5,6 +5,9 @@ LACUNA data directories (``build_inputs``), and ``CASES``, each a command line w
 
 from __future__ import annotations
 
+import builtins
+import errno
+import io
 import json
 import os
 import shutil
@@ -13,6 +16,7 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors.torch import save_file
@@ -84,6 +88,147 @@ def _mutated_data(good: Path, dest: Path, mutate: Callable[[list[dict]], None], 
     return dest
 
 
+def _fake_testbed(root: Path, data: Path | None = None) -> Path:
+    """A directory that passes the 'is a testbed' check (manifest.json, model/), with ``data`` copied in."""
+    (root / "model").mkdir(parents=True)
+    (root / "manifest.json").write_text('{"kind": "lacuna-bench-testbed"}')
+    if data is not None:
+        shutil.copytree(data, root / "data")
+    return root
+
+
+def _not_utf8(good: Path, dest: Path) -> Path:
+    """A copy of ``good`` whose forget.jsonl holds the bytes ``\\xff\\xfe`` in its third row's question."""
+    shutil.copytree(good, dest)
+    file = dest / "forget.jsonl"
+    lines = file.read_bytes().splitlines(keepends=True)
+    lines[2] = lines[2].replace(b'"question": "', b'"question": "\xff\xfe', 1)
+    file.write_bytes(b"".join(lines))
+    return dest
+
+
+def _unreadable(good: Path, dest: Path) -> Path:
+    """A copy of ``good`` whose forget.jsonl has mode 000 (as root, which reads it anyway, :func:`deny_reads`
+    stands in); returns that file."""
+    shutil.copytree(good, dest)
+    file = dest / "forget.jsonl"
+    file.chmod(0)
+    return file
+
+
+def deny_reads(monkeypatch: Any, file: Path) -> None:
+    """Opening ``file`` to read raises what the kernel raises for a mode-000 file. Needed as root only (root reads
+    any file); elsewhere the file's mode does it."""
+    if os.geteuid() != 0:
+        return
+    real = io.open
+
+    def guarded(target: Any, *args: Any, **kwargs: Any) -> Any:
+        if not isinstance(target, int) and os.path.abspath(os.fspath(target)) == str(file):
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), os.fspath(target))
+        return real(target, *args, **kwargs)
+
+    monkeypatch.setattr(io, "open", guarded)
+    monkeypatch.setattr(builtins, "open", guarded)
+
+
+class _Disk:
+    """The bytes left on a simulated disk holding the paths that start with one of ``prefixes``."""
+
+    def __init__(self, prefixes: tuple[str, ...], free: int) -> None:
+        self.prefixes, self.free = prefixes, free
+
+    def holds(self, target: Any) -> bool:
+        path = os.readlink(f"/proc/self/fd/{target}") if isinstance(target, int) else os.fspath(target)
+        return os.path.abspath(path).startswith(self.prefixes)
+
+    def take(self, size: int) -> None:
+        if size > self.free:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))  # write(2)'s: no file name
+        self.free -= size
+
+
+class _FileOnDisk:
+    """A file opened for writing on a :class:`_Disk`: opening works, a write past the free bytes fails."""
+
+    def __init__(self, handle: Any, disk: _Disk) -> None:
+        self._handle, self._disk = handle, disk
+
+    def write(self, data: Any) -> int:
+        self._disk.take(len(data))
+        return self._handle.write(data)
+
+    def writelines(self, lines: Any) -> None:
+        for line in lines:
+            self.write(line)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._handle, name)
+
+    def __iter__(self) -> Any:
+        return iter(self._handle)
+
+    def __enter__(self) -> _FileOnDisk:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._handle.close()
+
+
+def full_disk(monkeypatch: Any, out: Path, free: int = 0) -> None:
+    """Put ``out`` (and ``OUT.partial``, and the ``.OUT*`` temp and lock files beside it) on a disk with ``free``
+    bytes left, as the package sees one: creating files works, a write past the free bytes fails with ENOSPC and
+    no file name, through open, Path.open, os.fdopen, os.write and safetensors' save_file."""
+    disk = _Disk((str(out), str(out.parent / f".{out.name}")), free)
+    real_open, real_fdopen, real_write = io.open, os.fdopen, os.write
+
+    def wrap(handle: Any, target: Any, mode: str) -> Any:
+        writes = any(c in mode for c in "wax+")
+        return _FileOnDisk(handle, disk) if writes and disk.holds(target) else handle
+
+    def open_(target: Any, mode: str = "r", *args: Any, **kwargs: Any) -> Any:
+        return wrap(real_open(target, mode, *args, **kwargs), target, mode)
+
+    def fdopen(fd: int, mode: str = "r", *args: Any, **kwargs: Any) -> Any:
+        return wrap(real_fdopen(fd, mode, *args, **kwargs), fd, mode)
+
+    def write(fd: int, data: Any) -> int:
+        if disk.holds(fd):
+            disk.take(len(data))
+        return real_write(fd, data)
+
+    import safetensors.torch
+    from safetensors import SafetensorError
+
+    real_save = safetensors.torch.save_file
+
+    def save_file(tensors: Any, filename: Any, *args: Any, **kwargs: Any) -> None:
+        if disk.holds(filename):
+            try:
+                disk.take(sum(t.numel() * t.element_size() for t in tensors.values()))
+            except OSError:
+                raise SafetensorError(
+                    "Error while serializing: I/O error: No space left on device (os error 28)"
+                ) from None
+        real_save(tensors, filename, *args, **kwargs)
+
+    monkeypatch.setattr(io, "open", open_)
+    monkeypatch.setattr(builtins, "open", open_)
+    monkeypatch.setattr(os, "fdopen", fdopen)
+    monkeypatch.setattr(os, "write", write)
+    monkeypatch.setattr(safetensors.torch, "save_file", save_file)
+
+
+def symlink_loop(where: Path) -> Path:
+    """``where/loop_a -> loop_b``, ``loop_b -> loop_a``; returns ``loop_a``."""
+    where.mkdir(parents=True, exist_ok=True)
+    a, b = where / "loop_a", where / "loop_b"
+    if not a.is_symlink():
+        a.symlink_to(b)
+        b.symlink_to(a)
+    return a
+
+
 def _lm_eval_results(path: Path, model: str = "/nonexistent/model") -> Path:
     doc = {
         "results": {
@@ -121,6 +266,13 @@ class Inputs:
     data: Path
     data_duplicate_id: Path
     data_missing_column: Path
+    data_not_utf8: Path
+    data_unreadable: Path
+    testbed_not_utf8: Path
+    testbed_unreadable: Path
+    queries_not_utf8: Path
+    config_not_utf8: Path
+    results_not_utf8: Path
     fake_testbed: Path
     a_file: Path
     lm_eval: Path
@@ -187,9 +339,17 @@ def build_inputs(root: Path) -> Inputs:
     def drop_answer(rows: list[dict]) -> None:
         rows[0].pop("answer")
 
-    fake_testbed = root / "fake_testbed"
-    (fake_testbed / "model").mkdir(parents=True)
-    (fake_testbed / "manifest.json").write_text('{"kind": "lacuna-bench-testbed"}')
+    fake_testbed = _fake_testbed(root / "fake_testbed")
+    not_utf8 = _not_utf8(data, root / "data_not_utf8")
+    unreadable = _unreadable(data, root / "data_unreadable")
+    tb_not_utf8 = _fake_testbed(root / "tb_not_utf8", data=not_utf8)
+    tb_unreadable = _unreadable(data, _fake_testbed(root / "tb_unreadable") / "data")
+    queries = root / "queries.txt"
+    queries.write_bytes(b"a query\nanother \xff\xfe query\n")
+    config = root / "run_config.yaml"
+    config.write_bytes(b"attack:\n  attempts: 5 # \xff\xfe\n")
+    results_bad = _lm_eval_results(root / "lm_eval_not_utf8.json")
+    results_bad.write_bytes(results_bad.read_bytes().replace(b"forget", b"f\xffrget", 1))
     a_file = root / "a_file.txt"
     a_file.write_text("a regular file, used where a directory is expected\n")
     garbage = root / "garbage.safetensors"
@@ -221,6 +381,13 @@ def build_inputs(root: Path) -> Inputs:
         data=data,
         data_duplicate_id=_mutated_data(data, root / "data_dup", duplicate),
         data_missing_column=_mutated_data(data, root / "data_noanswer", drop_answer),
+        data_not_utf8=not_utf8,
+        data_unreadable=unreadable.parent,
+        testbed_not_utf8=tb_not_utf8,
+        testbed_unreadable=tb_unreadable.parent.parent,
+        queries_not_utf8=queries,
+        config_not_utf8=config,
+        results_not_utf8=results_bad,
         fake_testbed=fake_testbed,
         a_file=a_file,
         lm_eval=_lm_eval_results(root / "lm_eval.json"),
@@ -235,11 +402,13 @@ def build_inputs(root: Path) -> Inputs:
 
 @dataclass(frozen=True)
 class Case:
-    """``argv(inputs, out)`` -> the command line; ``named(inputs, out)`` -> strings stderr must contain."""
+    """``argv(inputs, out)`` -> the command line; ``named(inputs, out)`` -> strings stderr must contain;
+    ``setup(inputs, out, monkeypatch)``: the fault, made before the command runs (a full disk, a symlink loop)."""
 
     argv: Callable[[Inputs, Path], list[str]]
     named: Callable[[Inputs, Path], list[str]]
     code: int = 2
+    setup: Callable[[Inputs, Path, Any], Any] | None = None
 
 
 def _score(i: Inputs, out: Path, *extra: str, after: Path | None = None, masks: Path | None = None) -> list[str]:
@@ -609,6 +778,265 @@ CASES: dict[str, Case] = {
         lambda i, o: ["forget.jsonl", "answer"],
     ),
 }
+
+# -- faults (issue 37 item 6): a full disk, unreadable or non-UTF-8 data, a symlink loop ---------------------------
+
+_NOSPACE = "no space left on device"
+_LOOP = "symlink loop"
+
+
+def _loop(o: Path) -> Path:
+    return o.parent / "loop_a"
+
+
+def _deny(file: Callable[[Inputs], Path]) -> Callable[[Inputs, Path, Any], None]:
+    return lambda i, o, mp: deny_reads(mp, file(i))
+
+
+def _disk(free: int = 0) -> Callable[[Inputs, Path, Any], None]:
+    return lambda i, o, mp: full_disk(mp, o, free)
+
+
+def _make_loop(i: Inputs, o: Path, mp: Any) -> None:
+    symlink_loop(o.parent)
+
+
+def _forget(attr: str, *under: str) -> Callable[[Inputs], Path]:
+    return lambda i: getattr(i, attr).joinpath(*under, "forget.jsonl")
+
+
+_NOT_UTF8 = ["forget.jsonl:3", "not UTF-8", "byte offset"]
+_EACCES = ["forget.jsonl", "permission denied"]
+_DATA_ARGS = ("--profiles", "48", "--people-per-field", "8", "--validation-people", "4")
+
+CASES.update(
+    {
+        # a full disk: the first write past the free bytes fails (ENOSPC, no file name); the message names the file
+        # at its place in OUT, and neither OUT, OUT.partial nor a staging directory is left
+        "fault/score-full-disk": C(
+            _score, lambda i, o: ["cannot write", str(o / "score.md"), _NOSPACE], setup=_disk(free=64)
+        ),
+        "fault/reversibility-full-disk": C(
+            lambda i, o: [*_rev(i, o), "--out", str(o)], lambda i, o: [f"cannot write {o}", _NOSPACE], setup=_disk()
+        ),
+        "fault/gate-full-disk": C(
+            lambda i, o: [*_gate(i, o, "--max-leak", "0.5"), "--json", str(o)],
+            lambda i, o: [f"cannot write {o}", _NOSPACE],
+            setup=_disk(),
+        ),
+        "fault/data-generate-full-disk": C(
+            lambda i, o: ["data", "generate", *_DATA_ARGS, "--out", str(o)],
+            lambda i, o: [f"cannot write {o / 'profiles.jsonl'}", _NOSPACE],
+            setup=_disk(),
+        ),
+        "fault/run-full-disk": C(
+            lambda i, o: ["run", "--preset", "smoke", "--out", str(o)],
+            lambda i, o: [f"cannot write {o / '.lock'}", _NOSPACE],
+            setup=_disk(),
+        ),
+        "fault/build-testbed-full-disk": C(
+            lambda i, o: ["build-testbed", "--preset", "smoke", "--out", str(o)],
+            lambda i, o: ["cannot write", f".{o.name}.lock", _NOSPACE],
+            setup=_disk(),
+        ),
+        "fault/attack-full-disk": C(_attack, lambda i, o: ["cannot write", f".{o.name}.lock", _NOSPACE], setup=_disk()),
+        # data that is not UTF-8: the file, line and byte offset
+        "fault/attack-data-not-utf8": C(
+            lambda i, o: _attack(i, o, data=i.data_not_utf8),
+            lambda i, o: [str(i.data_not_utf8 / "forget.jsonl"), *_NOT_UTF8],
+        ),
+        "fault/diagnose-data-not-utf8": C(
+            lambda i, o: [*_diagnose(i, o), "--data", str(i.data_not_utf8)],
+            lambda i, o: [str(i.data_not_utf8 / "forget.jsonl"), *_NOT_UTF8],
+        ),
+        "fault/score-calibration-not-utf8": C(
+            lambda i, o: _frag_only(i, o, "--calib-forget", str(i.data_not_utf8), "--calib-retain", str(i.data)),
+            lambda i, o: [str(i.data_not_utf8 / "forget.jsonl"), *_NOT_UTF8],
+        ),
+        "fault/run-testbed-data-not-utf8": C(
+            lambda i, o: ["run", "--preset", "smoke", "--set", f"testbed={i.testbed_not_utf8}", "--out", str(o)],
+            lambda i, o: [str(i.testbed_not_utf8 / "data" / "forget.jsonl"), *_NOT_UTF8],
+        ),
+        "fault/demo-testbed-data-not-utf8": C(
+            lambda i, o: ["demo", "--testbed", str(i.testbed_not_utf8), "--out", str(o)],
+            lambda i, o: [str(i.testbed_not_utf8 / "data" / "forget.jsonl"), *_NOT_UTF8],
+        ),
+        "fault/attack-unrelated-file-not-utf8": C(
+            lambda i, o: _attack(
+                i, o, "--source", "unrelated", "--set", f"unrelated_file={i.data_not_utf8 / 'forget.jsonl'}"
+            ),
+            lambda i, o: [str(i.data_not_utf8 / "forget.jsonl"), *_NOT_UTF8],
+        ),
+        "fault/diagnose-queries-not-utf8": C(
+            lambda i, o: [*_diagnose(i, o), "--queries", str(i.queries_not_utf8)],
+            lambda i, o: [f"{i.queries_not_utf8}:2", "not UTF-8", "byte offset 16"],
+        ),
+        "fault/run-config-not-utf8": C(
+            lambda i, o: ["run", "--config", str(i.config_not_utf8), "--out", str(o)],
+            lambda i, o: [str(i.config_not_utf8), "utf-8"],
+        ),
+        "fault/gate-results-not-utf8": C(
+            lambda i, o: _gate(i, o, "--max-leak", "0.5", results=i.results_not_utf8),
+            lambda i, o: [str(i.results_not_utf8), "utf-8"],
+        ),
+        "fault/reversibility-results-not-utf8": C(
+            lambda i, o: _rev(i, o, original=i.results_not_utf8), lambda i, o: [str(i.results_not_utf8), "utf-8"]
+        ),
+        # data that cannot be read (mode 000; as root, deny_reads)
+        "fault/attack-data-unreadable": C(
+            lambda i, o: _attack(i, o, data=i.data_unreadable),
+            lambda i, o: [str(i.data_unreadable / "forget.jsonl"), *_EACCES],
+            setup=_deny(_forget("data_unreadable")),
+        ),
+        "fault/diagnose-data-unreadable": C(
+            lambda i, o: [*_diagnose(i, o), "--data", str(i.data_unreadable)],
+            lambda i, o: [str(i.data_unreadable / "forget.jsonl"), *_EACCES],
+            setup=_deny(_forget("data_unreadable")),
+        ),
+        "fault/score-calibration-unreadable": C(
+            lambda i, o: _frag_only(i, o, "--calib-forget", str(i.data_unreadable), "--calib-retain", str(i.data)),
+            lambda i, o: [str(i.data_unreadable / "forget.jsonl"), *_EACCES],
+            setup=_deny(_forget("data_unreadable")),
+        ),
+        "fault/run-testbed-data-unreadable": C(
+            lambda i, o: ["run", "--preset", "smoke", "--set", f"testbed={i.testbed_unreadable}", "--out", str(o)],
+            lambda i, o: [str(i.testbed_unreadable / "data" / "forget.jsonl"), *_EACCES],
+            setup=_deny(_forget("testbed_unreadable", "data")),
+        ),
+        # an output (or input) path through a symlink loop: the loop named, before any work
+        "fault/score-out-symlink-loop": C(
+            lambda i, o: [*_score(i, o), "--out", str(_loop(o) / "s")],
+            lambda i, o: [f"--out {_loop(o) / 's'}", str(_loop(o)), _LOOP],
+            setup=_make_loop,
+        ),
+        "fault/score-activation-cache-symlink-loop": C(
+            lambda i, o: [*_score(i, o), "--activation-cache", str(_loop(o) / "cache")],
+            lambda i, o: ["--activation-cache", str(_loop(o)), _LOOP],
+            setup=_make_loop,
+        ),
+        "fault/score-after-symlink-loop": C(
+            lambda i, o: _score(i, o, after=_loop(o) / "after"),
+            lambda i, o: [f"--after {_loop(o) / 'after'}", _LOOP],
+            setup=_make_loop,
+        ),
+        "fault/attack-out-symlink-loop": C(
+            lambda i, o: _attack(i, _loop(o) / "attack"), lambda i, o: ["--out", str(_loop(o)), _LOOP], setup=_make_loop
+        ),
+        "fault/attack-data-symlink-loop": C(
+            lambda i, o: _attack(i, o, data=_loop(o) / "data"),
+            lambda i, o: ["--data", str(_loop(o)), _LOOP],
+            setup=_make_loop,
+        ),
+        "fault/diagnose-out-symlink-loop": C(
+            lambda i, o: [*_diagnose(i, o), "--out", str(_loop(o) / "d")],
+            lambda i, o: ["--out", str(_loop(o)), _LOOP],
+            setup=_make_loop,
+        ),
+        "fault/reversibility-out-symlink-loop": C(
+            lambda i, o: [*_rev(i, o), "--out", str(_loop(o) / "rev.json")],
+            lambda i, o: ["--out", str(_loop(o)), _LOOP],
+            setup=_make_loop,
+        ),
+        "fault/gate-json-symlink-loop": C(
+            lambda i, o: [*_gate(i, o, "--max-leak", "0.5"), "--json", str(_loop(o) / "g.json")],
+            lambda i, o: ["--json", str(_loop(o)), _LOOP],
+            setup=_make_loop,
+        ),
+        "fault/gate-junit-symlink-loop": C(
+            lambda i, o: _gate(i, o, "--max-leak", "0.5", "--junit", str(_loop(o) / "g.xml")),
+            lambda i, o: ["--junit", str(_loop(o)), _LOOP],
+            setup=_make_loop,
+        ),
+        "fault/run-out-symlink-loop": C(
+            lambda i, o: ["run", "--preset", "smoke", "--out", str(_loop(o) / "run")],
+            lambda i, o: ["--out", str(_loop(o)), _LOOP],
+            setup=_make_loop,
+        ),
+        "fault/demo-out-symlink-loop": C(
+            lambda i, o: ["demo", "--testbed", str(i.fake_testbed), "--out", str(_loop(o) / "demo")],
+            lambda i, o: ["--out", str(_loop(o)), _LOOP],
+            setup=_make_loop,
+        ),
+        "fault/build-testbed-out-symlink-loop": C(
+            lambda i, o: ["build-testbed", "--preset", "smoke", "--out", str(_loop(o) / "tb")],
+            lambda i, o: ["--out", str(_loop(o)), _LOOP],
+            setup=_make_loop,
+        ),
+        "fault/data-generate-out-symlink-loop": C(
+            lambda i, o: ["data", "generate", *_DATA_ARGS, "--out", str(_loop(o) / "data")],
+            lambda i, o: ["--out", str(_loop(o)), _LOOP],
+            setup=_make_loop,
+        ),
+    }
+)
+
+# -- a flag and --set of one setting (issue 37 item 5): different values are refused, naming both -----------------
+
+_RULE = "different values"
+CASES.update(
+    {
+        "precedence/run-seeds": C(
+            lambda i, o: ["run", "--seeds", "1,2", "--set", "seeds=[3]", "--out", str(o)],
+            lambda i, o: ["--seeds 1,2", "--set seeds=[3]", _RULE],
+        ),
+        "precedence/demo-field": C(
+            lambda i, o: ["demo", "--field", "email", "--set", "fields=[phone]", "--out", str(o)],
+            lambda i, o: ["--field email", "--set fields=[phone]", _RULE],
+        ),
+        "precedence/demo-seed": C(
+            lambda i, o: ["demo", "--seed", "1", "--set", "testbed_seed=2", "--out", str(o)],
+            lambda i, o: ["--seed 1", "--set testbed_seed=2", _RULE],
+        ),
+        "precedence/demo-preset": C(
+            lambda i, o: ["demo", "--preset", "smoke", "--set", "preset=mini", "--out", str(o)],
+            lambda i, o: ["--preset smoke", "--set preset=mini", _RULE],
+        ),
+        "precedence/demo-testbed": C(
+            lambda i, o: ["demo", "--testbed", str(i.fake_testbed), "--set", f"testbed={i.root}", "--out", str(o)],
+            lambda i, o: [f"--testbed {i.fake_testbed}", f"--set testbed={i.root}", _RULE],
+        ),
+        "precedence/build-testbed-seed": C(
+            lambda i, o: ["build-testbed", "--preset", "smoke", "--seed", "1", "--set", "seed=2", "--out", str(o)],
+            lambda i, o: ["--seed 1", "--set seed=2", _RULE],
+        ),
+        "precedence/attack-seed": C(
+            lambda i, o: _attack(i, o, "--seed", "1", "--set", "seed=2"),
+            lambda i, o: ["--seed 1", "--set seed=2", _RULE],
+        ),
+        "precedence/attack-protocol": C(
+            lambda i, o: _attack(i, o, "--protocol", "relearn", "--set", "attack=relearn_lora"),
+            lambda i, o: ["--protocol relearn", "--set attack=relearn_lora", _RULE],
+        ),
+        "precedence/attack-field": C(
+            lambda i, o: _attack(i, o, "--field", "email", "--set", "field=phone"),
+            lambda i, o: ["--field email", "--set field=phone", _RULE],
+        ),
+        "precedence/attack-source": C(
+            lambda i, o: _attack(i, o, "--source", "forget", "--set", "source=retain"),
+            lambda i, o: ["--source forget", "--set source=retain", _RULE],
+        ),
+        "precedence/attack-budget": C(
+            lambda i, o: _attack(i, o, "--budget", "forget", "--set", "budget=10"),
+            lambda i, o: ["--budget forget", "--set budget=10", _RULE],
+        ),
+        "precedence/attack-model": C(
+            lambda i, o: _attack(i, o, "--set", f"model={i.after}"),
+            lambda i, o: [f"--model {i.before}", f"--set model={i.after}", _RULE],
+        ),
+        "precedence/attack-data": C(
+            lambda i, o: _attack(i, o, "--set", f"data={i.data_duplicate_id}"),
+            lambda i, o: [f"--data {i.data}", f"--set data={i.data_duplicate_id}", _RULE],
+        ),
+        "precedence/attack-out": C(
+            lambda i, o: _attack(i, o, "--set", f"output_dir={o}_other"),
+            lambda i, o: [f"--out {o}", f"--set output_dir={o}_other", _RULE],
+        ),
+        "precedence/attack-force": C(
+            lambda i, o: _attack(i, o, "--force", "--set", "force=false"),
+            lambda i, o: ["--force", "--set force=false", _RULE],
+        ),
+    }
+)
 
 
 def _left_behind(out: Path) -> list[Path]:

@@ -6,6 +6,7 @@ import argparse
 
 from lacuna_unlearn.bench.cli.checks import (
     existing,
+    one_value,
     writable,
 )
 from lacuna_unlearn.bench.run_config import RunConfig
@@ -30,6 +31,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    given = {"seed": (f"--seed {args.seed}", args.seed)} if args.seed is not None else {}
+    one_value(given, args.set, owned=("seed",))  # --seed 1 --set seed=2: refused, not one of them ignored
     existing("--model", args.model, "dir")
     writable("--out", args.out, directory=True)
     from lacuna_unlearn.dataclass_config import parse_overrides

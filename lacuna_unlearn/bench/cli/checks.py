@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +23,9 @@ __all__ = [
     "existing",
     "finite",
     "int_at_least",
+    "one_value",
     "seed_list",
+    "set_key",
     "testbed_dir",
     "writable",
 ]
@@ -92,12 +94,23 @@ def existing(flag: str, value: str | os.PathLike[str] | None, kind: str = "any")
         return None
     path = Path(value)
     if not path.exists():
+        _no_symlink_loop(flag, path)
         raise FileNotFoundError(f"{flag} {path}: no such file or directory")
     if kind == "dir" and not path.is_dir():
         raise NotADirectoryError(f"{flag} {path}: not a directory")
     if kind == "file" and not path.is_file():
         raise IsADirectoryError(f"{flag} {path}: not a file")
     return path
+
+
+def _no_symlink_loop(flag: str, path: Path) -> None:
+    """``Path.exists`` says False for a path through a symlink loop: name the loop instead of "no such file" (an
+    input) or of failing at the first write (an output)."""
+    from lacuna_metrics import symlink_loop
+
+    loop = symlink_loop(path)
+    if loop is not None:
+        raise OSError(f"{flag} {path}: {loop} is a symlink loop (too many levels of symbolic links)")
 
 
 def testbed_dir(flag: str, value: str | None) -> Path | None:
@@ -111,6 +124,7 @@ def writable(flag: str, value: str | os.PathLike[str], *, directory: bool) -> Pa
     """``value`` can be created or replaced: a directory (``directory``) or a file whose first existing
     ancestor is a writable directory. Checked before any work, so a read-only disk fails at once."""
     path = Path(value)
+    _no_symlink_loop(flag, path)
     if path.exists() and path.is_dir() != directory:
         raise ValueError(f"{flag} {path}: exists and is {'a file' if directory else 'a directory'}")
     ancestor = path if path.exists() else path.parent
@@ -226,6 +240,39 @@ def check_reversibility(args: argparse.Namespace) -> dict | None:
     if not isinstance(diag, dict) or not isinstance(diag.get("updated", []), list):
         raise ValueError(f"--diagnose {args.diagnose}: not a lacuna diagnose.json (no 'updated' list)")
     return diag
+
+
+def set_key(item: str) -> str:
+    """The setting a ``--set`` item names (``+``/``++`` prefixes dropped): ``seeds`` of ``seeds=[1,2]``."""
+    return item.partition("=")[0].strip().lstrip("+")
+
+
+def one_value(
+    given: Mapping[str, tuple[str, Any]], items: Sequence[str], *, owned: Collection[str], paths: Collection[str] = ()
+) -> dict[str, Any]:
+    """The rule between a command's flags and its ``--set`` (docs/guide.md, "Configuration: presets and overrides"):
+    the command line gives each setting one value. ``given``: setting -> (the flag as typed, its value as that
+    setting) for the flags on the command line; ``items``: the ``--set`` items; ``owned``: every setting the
+    command has a flag for. A setting given both ways with different values is refused before any work, naming
+    both: whichever won silently, the other would be ignored. The same value both ways is accepted (``paths``:
+    settings compared as normalised paths). Returns the parsed ``--set`` values of the ``owned`` settings."""
+    from lacuna_unlearn.dataclass_config import parse_overrides
+
+    named = {}
+    for item in items:
+        if (key := set_key(item)) in owned:
+            named[key] = (item, parse_overrides([item.lstrip("+")])[key])
+    for key, (flag, value) in given.items():
+        if key not in named:
+            continue
+        item, other = named[key]
+        same = os.path.normpath(str(value)) == os.path.normpath(str(other)) if key in paths else value == other
+        if not same:
+            raise ValueError(
+                f"{flag} and --set {item} set {key} to different values: give one of them "
+                "(docs/guide.md, 'Configuration: presets and overrides')"
+            )
+    return {key: value for key, (_, value) in named.items()}
 
 
 def seed_list(text: str) -> list[int]:

@@ -37,8 +37,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """``lacuna run --preset demo``: the flags choose the testbed preset (or an existing testbed), field and seed."""
-    flags: dict[str, Any] = {"preset": args.preset} if args.preset else {}
-    flags.update({"fields": [args.field]} if args.field else {})
-    flags.update({"testbed_seed": args.seed} if args.seed is not None else {})
-    flags.update({"testbed": str(testbed_dir("--testbed", args.testbed))} if args.testbed else {})
-    return run_preset(args, "demo", flags)
+    flags: dict[str, tuple[str, Any]] = {"preset": (f"--preset {args.preset}", args.preset)} if args.preset else {}
+    flags.update({"fields": (f"--field {args.field}", [args.field])} if args.field else {})
+    flags.update({"testbed_seed": (f"--seed {args.seed}", args.seed)} if args.seed is not None else {})
+    if args.testbed:
+        flags["testbed"] = (f"--testbed {args.testbed}", str(testbed_dir("--testbed", args.testbed)))
+    return run_preset(args, "demo", flags, owned=("preset", "fields", "testbed_seed", "testbed"))

@@ -81,10 +81,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, _on_sigterm)
+    from lacuna_metrics import error_line
+
     try:
         return args.func(args)
-    except (ValueError, OSError) as exc:  # our errors name the file/field at fault; OSError: unwritable/full disk
-        print(f"lacuna: error: {exc}", file=sys.stderr)
+    except Exception as exc:  # our errors name the file/field at fault, a file-system fault its file; else: a bug
+        line = error_line(exc)
+        if line is None:
+            raise
+        print(f"lacuna: error: {line}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("lacuna: interrupted; partial outputs removed", file=sys.stderr)

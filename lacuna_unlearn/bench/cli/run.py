@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import argparse
 import logging
+from collections.abc import Collection, Mapping
 from typing import Any
 
 from lacuna_unlearn.bench.cli.checks import (
     existing,
+    one_value,
     seed_list,
     writable,
 )
@@ -15,16 +17,20 @@ from lacuna_unlearn.bench.run_config import RunConfig
 from lacuna_unlearn.dataclass_config import preset_names
 
 
-def run_preset(args: argparse.Namespace, preset: str, flags: dict[str, Any]) -> int:
-    """``lacuna run`` of run preset ``preset``, updated by ``--config``, then ``--set``, then the command's own
-    ``flags`` (dotted keys)."""
+def run_preset(
+    args: argparse.Namespace, preset: str, flags: Mapping[str, tuple[str, Any]], owned: Collection[str]
+) -> int:
+    """``lacuna run`` of run preset ``preset``, updated by ``--config``, then by the command line: ``--set`` and the
+    command's own ``flags`` (dotted key -> (the flag as typed, its value)), which must agree where both name a
+    setting (``owned``: the settings the command has flags for; :func:`~lacuna_unlearn.bench.cli.checks.one_value`)."""
+    one_value(flags, args.set, owned=owned, paths=("testbed",))
     existing("--config", args.config, "file")
     out = writable("--out", args.out or f"runs/{preset}", directory=True)
     from lacuna_unlearn.bench.report.markdown import run_markdown
     from lacuna_unlearn.bench.run import load_run_config, run_benchmark
     from lacuna_unlearn.dataclass_config import parse_overrides
 
-    overrides = {**parse_overrides(args.set), **flags}
+    overrides = {**parse_overrides(args.set), **{key: value for key, (_, value) in flags.items()}}
     cfg = load_run_config(args.config, preset=preset, overrides=overrides)
     results = run_benchmark(out, cfg, log=logging.getLogger("lacuna_unlearn.bench.run").info)
     print(run_markdown(results))
@@ -55,4 +61,5 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    return run_preset(args, args.preset, {"seeds": args.seeds} if args.seeds is not None else {})
+    seeds = {"seeds": (f"--seeds {','.join(map(str, args.seeds))}", args.seeds)} if args.seeds is not None else {}
+    return run_preset(args, args.preset, seeds, owned=("seeds",))

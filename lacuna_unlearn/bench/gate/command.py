@@ -184,6 +184,10 @@ def _collect_subjects(args: argparse.Namespace) -> list[Subject]:
 
 def _check_writable(flag: str, path: Path) -> None:
     """A report file that cannot be written fails before any input is read (not after the table is printed)."""
+    from lacuna_metrics import symlink_loop
+
+    if (loop := symlink_loop(path)) is not None:
+        raise GateError(f"{flag} {path}: {loop} is a symlink loop (too many levels of symbolic links)")
     if path.is_dir():
         raise GateError(f"{flag} {path}: is a directory")
     parent = path.parent
@@ -233,7 +237,9 @@ def run(args: argparse.Namespace) -> int:
 
             write_json(args.json_out, verdicts_json(verdicts, subjects, allow_missing=args.allow_missing))
     except OSError as exc:
-        print(f"lacuna gate: error: cannot write report: {exc}", file=sys.stderr)
+        from lacuna_metrics import error_line
+
+        print(f"lacuna gate: error: {error_line(exc)}", file=sys.stderr)  # names the report file and the cause
         return 2
     return exit_code(verdicts, allow_missing=args.allow_missing)
 

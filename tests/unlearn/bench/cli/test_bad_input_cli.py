@@ -8,10 +8,17 @@ runs) on real files: tiny safetensors checkpoints with a config, real mask files
 and two go through the real ``lm_eval`` command: tests/e2e/test_bad_input_console_scripts.py.
 ``SHOW_ERRORS=1 pytest -s -k refused`` prints every message with its time.
 
-``CASES`` (107, ids ``class/command-what``): missing path 21, unwritable output 14, malformed JSON/YAML 9, unknown
-key 15, bad value 28, mismatched checkpoints 4, bad masks 7, bad tensors 5, bad data 4 (+2 through ``lm_eval``).
-By command: score 36 (bad masks and tensors included), attack 23, gate 11, diagnose 8, reversibility 8, build-testbed 8, run 13.
-``tests/e2e/test_bad_input.py`` holds 18 more (``lacuna-unlearn`` 10, ``lacuna run`` 8), as subprocesses.
+``CASES`` (156, ids ``class/command-what``): missing path 21, unwritable output 14, malformed JSON/YAML 9, unknown
+key 15, bad value 28, mismatched checkpoints 4, bad masks 7, bad tensors 5, bad data 4 (+2 through ``lm_eval``),
+faults 34 (issue 37 item 6: a full disk 7, data that is not UTF-8 10, unreadable data 4, a path through a symlink
+loop 13; a full disk is simulated by :func:`~helpers.bad_input_cases.full_disk`, a denied read as root by
+``deny_reads``), a flag and ``--set`` with different values 15 (issue 37 item 5: ``precedence/*``).
+By command: score 42 (bad masks and tensors included), attack 38, gate 15, diagnose 12, reversibility 11,
+build-testbed 11, run 19, demo 6, data generate 2. Below them: the accepted counterparts (a flag and ``--set``
+agreeing, ``--set`` alone filling a flag) and the lm-eval tasks on unreadable data (2).
+``tests/e2e/test_bad_input.py`` holds 18 more (``lacuna-unlearn`` 10, ``lacuna run`` 8), as subprocesses;
+``tests/e2e/test_faults.py`` 8 (a real ``ulimit -f`` on score, data generate, reversibility and safetensors;
+``lacuna-unlearn`` on symlink loops and unreadable or non-UTF-8 data).
 """
 
 from __future__ import annotations
@@ -23,11 +30,13 @@ import time
 
 import pytest
 from helpers.bad_input_cases import (
+    BIN,
     CASES,
     Inputs,
     _left_behind,
     _score,
     build_inputs,
+    deny_reads,
 )
 
 from lacuna_metrics.masks import save_masks
@@ -57,7 +66,10 @@ def test_bad_input_is_refused(case_id, inputs, tmp_path, capsys, monkeypatch):
         inputs.bad_json.with_suffix(".yaml").write_text("attack: [unclosed\n")
     before = {p: p.stat().st_mtime_ns for p in inputs.root.rglob("*")}
     started = time.perf_counter()
-    code, stdout, err = _run(case.argv(inputs, out), capsys)
+    with monkeypatch.context() as fault:  # a full disk, a denied read: only while the command runs
+        if case.setup is not None:
+            case.setup(inputs, out, fault)
+        code, stdout, err = _run(case.argv(inputs, out), capsys)
     elapsed = time.perf_counter() - started
     if os.environ.get("SHOW_ERRORS"):
         print(f"\n@@ {case_id} [{elapsed:.2f}s] code={code}\n{err.strip()}")
@@ -155,3 +167,88 @@ def test_paraphrased_splits_are_read_as_their_side(inputs):
     assert {d["side"] for d in qa} == {"forget"}
     with pytest.raises(LacunaDataError, match="forget_paraphrased.*qa or memorization"):
         build_docs(data, field="email", side="forget_paraphrased", kind="worstcase")
+
+
+# -- a flag and --set of one setting: the accepted counterparts of ``precedence/*`` -------------------------------
+
+
+_REPORT = {"persons": 1, "judge": "lacuna", "success_at_n_unlearned": 0.0, "success_at_n_relearned": 0.0,
+           "leak_rate_unlearned": 0.0, "leak_rate_relearned": 0.0, "forgotten": [], "resurfaced": [],
+           "pct_resurfaced_of_forgotten": 0.0}  # fmt: skip
+
+
+@pytest.fixture
+def backends(monkeypatch) -> dict:
+    """The work behind run, demo, attack and build-testbed replaced by a recorder of what it was given."""
+    import lacuna_unlearn.bench.attacks as attacks
+    import lacuna_unlearn.bench.report.markdown as markdown
+    import lacuna_unlearn.bench.run as run
+    import lacuna_unlearn.testbed.build as build
+
+    seen: dict = {}
+    monkeypatch.setattr(run, "run_benchmark", lambda out, cfg, log=None: seen.update(run=cfg) or {})
+    monkeypatch.setattr(markdown, "run_markdown", lambda results: "")
+    monkeypatch.setattr(
+        attacks, "resurfacing_attack", lambda model, out, **kw: seen.update(attack=(out, kw)) or _REPORT
+    )
+    monkeypatch.setattr(build, "build_testbed", lambda out, **kw: seen.update(testbed=kw) or out)
+    return seen
+
+
+def test_a_flag_and_set_with_one_value_are_accepted(inputs, tmp_path, capsys, backends):
+    out = str(tmp_path / "o")
+    assert _run(["run", "--seeds", "1,2", "--set", "seeds=[1,2]", "--out", out], capsys)[0] == 0
+    assert backends["run"]["seeds"] == [1, 2]
+    demo = ["demo", "--field", "email", "--set", "fields=[email]", "--testbed", str(inputs.fake_testbed)]
+    assert _run([*demo, "--set", f"testbed={inputs.fake_testbed}/", "--out", out], capsys)[0] == 0
+    assert backends["run"]["fields"] == ["email"] and backends["run"]["testbed"] == str(inputs.fake_testbed)
+    assert _run(["build-testbed", "--seed", "3", "--set", "seed=3", "--out", out], capsys)[0] == 0
+    assert backends["testbed"]["seed"] == 3 and backends["testbed"]["overrides"] == {"seed": 3}
+    attack = ["attack", "--model", str(inputs.before), "--data", str(inputs.data), "--out", out]
+    code, _, err = _run([*attack, "--seed", "7", "--set", "seed=7", "--budget", "10", "--set", "budget=10"], capsys)
+    assert code == 0, err
+    _, kw = backends["attack"]
+    assert kw["seed"] == 7 and kw["overrides"] == ["budget=10"]
+
+
+def test_a_setting_given_by_set_alone_is_the_flag(inputs, tmp_path, capsys, backends):
+    """``lacuna attack --set seed=3`` is ``--seed 3``: the probe, the output name and attack.json read it too."""
+    argv = ["attack", "--model", str(inputs.before), "--data", str(inputs.data), "--set", "seed=3"]
+    code, _, err = _run(
+        [*argv, "--set", "attack=relearn_lora", "--set", "field=phone", "--set", "+eval_steps=5"], capsys
+    )
+    assert code == 0, err
+    out, kw = backends["attack"]
+    assert (kw["seed"], kw["protocol"], kw["field"]) == (3, "relearn_lora", "phone")
+    assert kw["overrides"] == ["+eval_steps=5"] and out == inputs.before.with_name("before_attack_relearn_lora")
+    code, _, err = _run(["attack", "--model", str(inputs.before), "--data", str(inputs.data)], capsys)
+    assert code == 0, err
+    assert (backends["attack"][1]["seed"], backends["attack"][1]["protocol"]) == (42, "relearn")  # the defaults
+
+
+# -- the lm-eval tasks on data that cannot be read (the real lm_eval command: test_bad_input_console_scripts.py) ---
+
+
+@pytest.mark.parametrize(
+    ("which", "named"),
+    [("data_not_utf8", ["forget.jsonl:3", "not UTF-8", "byte offset"]), ("data_unreadable", ["permission denied"])],
+    ids=["fault/lm-eval-data-not-utf8", "fault/lm-eval-data-unreadable"],
+)
+def test_lm_eval_tasks_refuse_unreadable_data_in_one_line(which, named, inputs, monkeypatch, capsys):
+    """What ``lm_eval --tasks lacuna_email_forget_qa`` runs with ``LACUNA_DATA`` set: the task's ``custom_dataset``."""
+    import sys
+
+    from lacuna_tasks.harness.hooks import load_docs
+
+    data = getattr(inputs, which)
+    monkeypatch.setenv("LACUNA_DATA", str(data))
+    monkeypatch.setattr(sys, "argv", [str(BIN / "lm_eval"), "--tasks", "lacuna_email_forget_qa"])
+    if which == "data_unreadable":
+        deny_reads(monkeypatch, data / "forget.jsonl")
+    with pytest.raises(SystemExit) as exit_:
+        load_docs(field="email", side="forget", kind="qa")
+    err = capsys.readouterr().err.strip()
+    assert exit_.value.code == 2 and len(err.splitlines()) == 1 and "Traceback" not in err, err
+    assert err.startswith(f"lm_eval: error: {data / 'forget.jsonl'}"), err
+    for culprit in named:
+        assert culprit in err, (culprit, err)
