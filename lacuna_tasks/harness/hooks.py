@@ -94,6 +94,18 @@ SIDES = ("forget", "retain")
 PARAPHRASED_SPLITS = ("forget_paraphrased", "retain_paraphrased")
 ICR_EXAMPLES = 3
 
+
+def _icr_pool(data: LacunaData, field_key: str) -> list[dict[str, Any]]:
+    """The retain QA pairs an ICR prompt draws its examples from: the retain split's; when it holds too few people
+    for a retain person's prompt (its own row is left out), the held-out retain-eval people's too. They are
+    retain-side people in no unlearning input, so showing them in a prompt changes no loss (a small testbed: 3
+    retain people per field)."""
+    pool = data.rows("retain", field_key)
+    if len({str(r["ID"]) for r in pool}) <= ICR_EXAMPLES and data.has_split("retain_eval"):
+        column = get_field(field_key).column
+        pool = pool + [r for r in data.splits["retain_eval"] if r["field"] == column]
+    return pool
+
 # --------------------------------------------------------------------------- documents
 
 
@@ -128,7 +140,7 @@ def build_docs(
     if kind == "extraction":
         return _extraction_docs(data, rows, fld.key, side, attempts, seed)
     settings = {"paraphrase": ("plain",), "icr": ("icr",), "worstcase": ("plain", "icr")}.get(kind)
-    icr_pool = data.rows("retain", fld.key) if settings and "icr" in settings else []
+    icr_pool = _icr_pool(data, fld.key) if settings and "icr" in settings else []
     docs: list[dict[str, Any]] = []
     for row in rows:
         base = {

@@ -271,3 +271,28 @@ def test_task_yamls_exist_for_every_field():
             text = (root / f"{name}.yaml").read_text()
             assert f"task: {name}\n" in text and f"population: {population}\n" in text and f"facts: {facts}\n" in text
             assert f"  - {name}\n" in group
+
+
+def test_icr_examples_fall_back_to_retain_eval_people_only_when_retain_is_too_small(tmp_path, profiles):
+    """A retain person's ICR prompt needs 3 QA pairs of *other* retain people: with 3 retain people per field (a
+    small testbed) the pool adds the held-out retain-eval people (in no unlearning input); with more, it is the
+    retain split alone, as before."""
+    from lacuna_tasks.harness.hooks import ICR_EXAMPLES, build_docs
+
+    for per_field, falls_back in ((3, True), (5, False)):
+        small = build_splits(profiles, retain_eval_people=2, **{**KW, "people_per_field": per_field})
+        data = load_data(str(write_dataset(tmp_path / f"d{per_field}" / "data", profiles, small)))
+        column = FIELDS["email"].column
+        retain_ids, held_out = people(small["retain"], column), people(small["retain_eval"], column)
+        docs = build_docs(data, field="email", side="retain", kind="icr")
+        assert docs and {d["person"] for d in docs} == retain_ids
+        shown = set()
+        for doc in docs:
+            examples = re.findall(r"Q: (.*)\nA: (.*)\n", doc["prompt"])
+            assert len(examples) == ICR_EXAMPLES
+            by_question = {r["question"]: r["ID"] for r in small["retain"] + small["retain_eval"]}
+            ids = {by_question[q] for q, _ in examples}
+            assert doc["person"] not in ids  # other people only
+            shown |= ids
+        assert bool(shown & held_out) == falls_back
+        assert shown <= retain_ids | held_out
