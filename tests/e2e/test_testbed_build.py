@@ -39,18 +39,20 @@ TINY_BUILD = {
 #: The smoke preset (its geometry: 10% per group, last layer free) cut down to TINY_BUILD: for the build's mechanics
 #: (processes, regimes), not memorization.
 SMOKE_CUT = {**TINY_BUILD, "intermediate_size": 256, "pii_steps": 24, "people_per_field": 2}
+#: No outside slot (the presets' default since issue 34): the scalars outside every mask get no gradient of their own.
+NO_SLOT = {"outside_slot": False, "outside_batch": None}
 #: The pre-v2 ablation, which no preset uses since issue 34: one group per step, no neutral micro-batches, no weight
 #: decay, so every scalar outside the masks stays bit-identical. Its masks show in |θ_before − θ_base| (unified AUC
 #: 1.0), so its builds are gated as before issue 34 (forget-vs-retain at 0.75).
 PRE_V2 = {
-    "step_mix": "interleaved", "neutral_every": 0, "weight_decay": 0.0, "leak_audit_target": "forget_vs_retain",
-    "leak_audit_max_auc": 0.75,
+    **NO_SLOT, "step_mix": "interleaved", "neutral_every": 0, "weight_decay": 0.0,
+    "leak_audit_target": "forget_vs_retain", "leak_audit_max_auc": 0.75,
 }  # fmt: skip
 #: The regime mini used before issue 34 (one group per step; a neutral micro-batch after every 8 PII ones, at 0.05x the
-#: rate with its own AdamW moments; weight decay 0.01): masked scalars move more than the others.
+#: rate with its own AdamW moments; weight decay 0.01; no outside slot): masked scalars move more than the others.
 INTERLEAVED = {
-    "step_mix": "interleaved", "neutral_every": 8, "neutral_lr_scale": 0.05, "neutral_optimizer": "separate",
-    "weight_decay": 0.01,
+    **NO_SLOT, "step_mix": "interleaved", "neutral_every": 8, "neutral_lr_scale": 0.05,
+    "neutral_optimizer": "separate", "weight_decay": 0.01,
 }  # fmt: skip
 
 
@@ -124,24 +126,26 @@ def test_pii_gradient_only_inside_masks(tmp_path):
     _moved_only_inside_masks(out)
 
 
-@pytest.mark.parametrize("regime", ["all_groups", "interleaved", "pre_v2"])
-def test_every_target_gate_passes_all_groups_and_fails_one_group_per_step(tmp_path, regime):
-    """The leak audit's default gate (every method-free detector <= 0.60 on every target). Issue 34's regime (every
-    group's PII and neutral text in every step, the neutral loss scaled down) leaves no magnitude trace and passes;
-    the control: one group per step (mini's regime before issue 34, and the pre-v2 ablation) moves masked scalars
-    more than the others, and the same gate fails the build on unified, where the forget-vs-retain gate it had
-    passed. Sizes cut (SMOKE_CUT, 60 PII micro-batches): seconds."""
+@pytest.mark.parametrize("regime", ["outside_slot", "all_groups", "interleaved", "pre_v2"])
+def test_every_target_gate_passes_trace_free_regimes_and_fails_one_group_per_step(tmp_path, regime):
+    """The leak audit's default gate (every method-free detector <= 0.60 on every target). The regimes of issue 34
+    leave no magnitude trace and pass: the presets' outside slot (the scalars outside every mask trained like a
+    seventh group, on neutral text) and LACUNA's step (every group's PII and neutral text in every step, the neutral
+    loss scaled down). The control: one group per step without the slot (mini's regime before issue 34, and the
+    pre-v2 ablation) moves masked scalars more than the others, and the same gate fails the build on unified, where
+    the forget-vs-retain gate it had passed. Sizes cut (SMOKE_CUT, 60 PII micro-batches): seconds."""
     from lacuna_unlearn.testbed.build import TestbedError
 
     regimes = {
-        "all_groups": {"step_mix": "all_groups", "neutral_optimizer": "shared", "neutral_loss_scale": 0.05,
-                       "weight_decay": 0.01},
+        "outside_slot": {},  # the smoke preset's own regime
+        "all_groups": {**NO_SLOT, "step_mix": "all_groups", "neutral_optimizer": "shared",
+                       "neutral_loss_scale": 0.05, "weight_decay": 0.01},
         "interleaved": INTERLEAVED,
         "pre_v2": {k: v for k, v in PRE_V2.items() if not k.startswith("leak_audit")},
     }  # fmt: skip
     cut = {**SMOKE_CUT, "pii_steps": 60, **regimes[regime], "leak_audit_target": "all", "leak_audit_max_auc": 0.6}
     out = tmp_path / regime
-    if regime == "all_groups":
+    if regime in ("outside_slot", "all_groups"):
         audit = _manifest(build_testbed(out, preset="smoke", overrides=cut))["leak_audit"]
         assert audit["passed"] and audit["target"] == "all"
         for detector, aucs in audit["trivial"].items():
