@@ -106,6 +106,7 @@ def _icr_pool(data: LacunaData, field_key: str) -> list[dict[str, Any]]:
         pool = pool + [r for r in data.splits["retain_eval"] if r["field"] == column]
     return pool
 
+
 # --------------------------------------------------------------------------- documents
 
 
