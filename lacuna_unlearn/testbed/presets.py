@@ -246,12 +246,15 @@ def check_config(cfg: TestbedConfig) -> None:
                 "testbed setting step_mix='all_groups' needs neutral_optimizer='shared' (every step holds PII and "
                 "neutral micro-batches: one AdamW state)"
             )
-        if cfg.outside_slot:
-            raise ValueError("testbed setting outside_slot=true is for step_mix='interleaved'")
         if cfg.grad_accum != 1:
             raise ValueError(
                 f"testbed setting step_mix='all_groups' sets the accumulation itself (num_groups + neutral_per_step "
                 f"micro-batches per step): leave grad_accum at 1, got {cfg.grad_accum}"
+            )
+        if cfg.outside_slot:
+            raise ValueError(
+                "testbed setting outside_slot=true is for step_mix='interleaved' (all_groups steps every scalar "
+                "already): set outside_slot=false"
             )
     if cfg.outside_batch is not None and not cfg.outside_slot:
         raise ValueError(f"testbed setting outside_batch={cfg.outside_batch} needs outside_slot=true")

@@ -1,5 +1,5 @@
 """lacuna_metrics.faults: the one line a command prints for a file-system fault, and the writers naming their file.
-Every command's faults: ``fault/*`` in tests/helpers/bad_input_cases.py; real ``ulimit -f``: tests/e2e/test_faults.py."""
+Every command's faults: ``fault/*`` in tests/helpers/bad_input_cases.py; real ``ulimit -f``: tests/e2e/test_faults_ulimit.py."""
 
 from __future__ import annotations
 

@@ -9,7 +9,7 @@ import torch
 from helpers.injection import steps_dataset, tiny_olmo
 
 from lacuna_metrics.masks import MaskError, build_masks, named_shapes_of
-from lacuna_unlearn.testbed.injection import NEUTRAL, StepPlan, mask_gradients, train_steps
+from lacuna_unlearn.testbed.injection import NEUTRAL, OUTSIDE, StepPlan, mask_gradients, train_steps
 
 
 @pytest.fixture(scope="module")
@@ -157,11 +157,14 @@ def test_injection_plan_follows_the_step_mix():
     from lacuna_unlearn.testbed.build import injection_plan
     from lacuna_unlearn.testbed.presets import get_preset
 
-    cfg = get_preset("smoke", pii_steps=30, step_mix="all_groups", neutral_per_step=1, neutral_optimizer="shared")
+    cfg = get_preset("smoke", pii_steps=30, step_mix="all_groups", neutral_per_step=1, neutral_optimizer="shared",
+                     outside_slot=False, outside_batch=None)  # fmt: skip
     plan = injection_plan(cfg)
     assert plan.accum == 7 and plan.steps == 5 and plan.groups.count(NEUTRAL) == 5
     old = injection_plan(cfg.replace(step_mix="interleaved", neutral_every=3))
     assert old.accum == 1 and old.groups.count(NEUTRAL) == 10
+    slot = injection_plan(get_preset("smoke", pii_steps=30))  # the preset's own plan: one outside slot per cycle
+    assert slot.groups.count(OUTSIDE) == 5 and NEUTRAL not in slot.groups
 
 
 @pytest.mark.parametrize("scale", [0.1, 1.0])
@@ -202,7 +205,7 @@ def test_outside_slot_plan_and_masking(model_and_masks, tmp_path):
     without a mask (norms, the last layer, the head)."""
     from transformers import TrainingArguments
 
-    from lacuna_unlearn.testbed.injection import OUTSIDE, MaskedTrainer, _unwrap
+    from lacuna_unlearn.testbed.injection import MaskedTrainer, _unwrap
 
     plan = StepPlan.interleaved(pii_steps=60, num_groups=6, neutral_every=0, neutral_lr_scale=1.0, seed=0,
                                 outside_slot=True)  # fmt: skip

@@ -86,7 +86,7 @@ BAD_SETTINGS = [
     (["step_mix=all_groups", "neutral_optimizer=separate"], "all_groups' needs neutral_optimizer='shared'"),
     (["step_mix=all_groups", "neutral_optimizer=shared", "grad_accum=2"], "leave grad_accum at 1"),
     (["step_mix=all_groups", "neutral_optimizer=shared", "outside_slot=true"], "outside_slot=true is for step_mix="),
-    (["outside_batch=3"], "outside_batch=3 needs outside_slot=true"),
+    (["outside_slot=false", "outside_batch=4"], "outside_batch=4 needs outside_slot=true"),
     (["outside_slot=true", "outside_batch=0"], "outside_batch=0 out of range"),
     (["leak_audit_target=everything"], "leak_audit_target='everything': allowed \\['all', "),
 ]

@@ -17,7 +17,7 @@ By command: score 42 (bad masks and tensors included), attack 38, gate 15, diagn
 build-testbed 11, run 19, demo 6, data generate 2. Below them: the accepted counterparts (a flag and ``--set``
 agreeing, ``--set`` alone filling a flag) and the lm-eval tasks on unreadable data (2).
 ``tests/e2e/test_bad_input.py`` holds 18 more (``lacuna-unlearn`` 10, ``lacuna run`` 8), as subprocesses;
-``tests/e2e/test_faults.py`` 8 (a real ``ulimit -f`` on score, data generate, reversibility and safetensors;
+``tests/e2e/test_faults_ulimit.py`` 8 (a real ``ulimit -f`` on score, data generate, reversibility and safetensors;
 ``lacuna-unlearn`` on symlink loops and unreadable or non-UTF-8 data).
 """
 
