@@ -31,13 +31,21 @@ FAULTS: dict[int, str] = {
 _WRITE_FAULTS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS})
 
 
+#: torch.save's zip writer failing a write (a full disk, a file size limit): its message keeps no errno
+#: ("[enforce fail at inline_container.cc:672] . unexpected pos 704 vs 598", "... file write failed")
+_TORCH_WRITE_FAILED = re.compile(r"inline_container\.cc.*(unexpected pos|file write failed)|PytorchStreamWriter failed")
+
+
 def fault_errno(exc: BaseException) -> int | None:
     """The errno behind ``exc``: an OSError's, or the ``(os error N)`` a native writer (safetensors) puts in its
-    message; None for anything else."""
+    message, or EIO for torch.save's failed write (the HF Trainer's checkpoints), which keeps none; None for
+    anything else."""
     if isinstance(exc, OSError):
         return exc.errno
     match = re.search(r"\(os error (\d+)\)|Os \{ code: (\d+)", str(exc))
-    return int(match.group(1) or match.group(2)) if match else None
+    if match:
+        return int(match.group(1) or match.group(2))
+    return errno.EIO if isinstance(exc, RuntimeError) and _TORCH_WRITE_FAILED.search(str(exc)) else None
 
 
 @contextmanager

@@ -55,3 +55,30 @@ def test_symlink_loop_finds_the_looping_ancestor(tmp_path):
     (tmp_path / "b").symlink_to(tmp_path / "a")
     assert symlink_loop(tmp_path / "a" / "x" / "y") == tmp_path / "a"
     assert symlink_loop(tmp_path / "missing" / "x") is None and symlink_loop(tmp_path) is None
+
+
+def test_torch_save_over_a_file_size_limit_is_a_fault_naming_the_output(tmp_path):
+    """The HF Trainer writes checkpoints with torch.save, whose zip writer reports a failed write without an errno
+    ("unexpected pos …"): under a real ``ulimit -f`` it becomes one line naming the output, not a traceback."""
+    import resource
+    import signal
+    import subprocess
+    import sys
+
+    code = (
+        "import torch\n"
+        "from lacuna_metrics import error_line, writing\n"
+        "try:\n"
+        f"    with writing({str(tmp_path / 'out')!r}):\n"
+        f"        torch.save({{'a': torch.zeros(100_000)}}, {str(tmp_path / 'big.pt')!r})\n"
+        "except Exception as exc:\n"
+        "    print(error_line(exc))\n"
+    )
+
+    def limit() -> None:
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (8192, 8192))
+
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, preexec_fn=limit, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip() == f"{tmp_path / 'out'}: input/output error", proc.stdout
