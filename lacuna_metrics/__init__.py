@@ -43,6 +43,7 @@ _EXPORTS: dict[str, str] = {
             "error_line",
             "naming_outputs",
             "symlink_loop",
+            "symlink_loop_error",
             "writing",
         ),
         "lacuna_metrics.frag.targets": ("linear_frag_weights",),

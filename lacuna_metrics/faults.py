@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-__all__ = ["FAULTS", "error_line", "fault_errno", "naming_outputs", "symlink_loop", "writing"]
+__all__ = ["FAULTS", "error_line", "fault_errno", "naming_outputs", "symlink_loop", "symlink_loop_error", "writing"]
 
 #: errno -> the cause as a command prints it
 FAULTS: dict[int, str] = {
@@ -89,6 +89,13 @@ def symlink_loop(path: str | os.PathLike[str]) -> Path | None:
                 return candidate
             return None  # missing: nothing below it can loop either
     return None
+
+
+def symlink_loop_error(label: str, path: str | os.PathLike[str]) -> str | None:
+    """The one-line refusal of a path through a symlink loop (``label``: how the command names it, e.g.
+    ``--out runs/x``), None when ``path`` has none: one wording for every command's check before any work."""
+    loop = symlink_loop(path)
+    return None if loop is None else f"{label}: {loop} is a {FAULTS[errno.ELOOP]}"
 
 
 def error_line(exc: BaseException) -> str | None:

@@ -149,13 +149,13 @@ def preflight(cfg: Any) -> None:
 
     from omegaconf import OmegaConf
 
-    from lacuna_metrics import symlink_loop
+    from lacuna_metrics import symlink_loop_error
 
     if OmegaConf.is_missing(cfg, "output_dir") or not cfg.output_dir:
         raise ValueError("output_dir is required: add output_dir=DIR (the unlearned checkpoint is written there)")
     out = Path(str(cfg.output_dir))
-    if (loop := symlink_loop(out)) is not None:
-        raise OSError(f"output_dir={out}: {loop} is a symlink loop (too many levels of symbolic links)")
+    if (loop := symlink_loop_error(f"output_dir={out}", out)) is not None:
+        raise OSError(loop)
     if out.exists() and not cfg.force:
         raise FileExistsError(f"output_dir={out} exists; pass force=true to overwrite")
     parent = out.parent
@@ -165,8 +165,8 @@ def preflight(cfg: Any) -> None:
         raise PermissionError(f"output_dir={out}: {parent} is not writable")
     for key in ("testbed", "model", "data", "masks"):
         value = cfg.get(key)
-        if value and (loop := symlink_loop(str(value))) is not None:
-            raise OSError(f"{key}={value}: {loop} is a symlink loop (too many levels of symbolic links)")
+        if value and (loop := symlink_loop_error(f"{key}={value}", str(value))) is not None:
+            raise OSError(loop)
         if value and not Path(str(value)).exists():
             raise FileNotFoundError(f"{key}={value}: no such file or directory (only local paths are read)")
     if cfg.get("testbed") and not (Path(str(cfg.testbed)) / "manifest.json").is_file():

@@ -106,11 +106,10 @@ def existing(flag: str, value: str | os.PathLike[str] | None, kind: str = "any")
 def _no_symlink_loop(flag: str, path: Path) -> None:
     """``Path.exists`` says False for a path through a symlink loop: name the loop instead of "no such file" (an
     input) or of failing at the first write (an output)."""
-    from lacuna_metrics import symlink_loop
+    from lacuna_metrics import symlink_loop_error
 
-    loop = symlink_loop(path)
-    if loop is not None:
-        raise OSError(f"{flag} {path}: {loop} is a symlink loop (too many levels of symbolic links)")
+    if (loop := symlink_loop_error(f"{flag} {path}", path)) is not None:
+        raise OSError(loop)
 
 
 def testbed_dir(flag: str, value: str | None) -> Path | None:

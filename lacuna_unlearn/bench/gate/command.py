@@ -184,10 +184,10 @@ def _collect_subjects(args: argparse.Namespace) -> list[Subject]:
 
 def _check_writable(flag: str, path: Path) -> None:
     """A report file that cannot be written fails before any input is read (not after the table is printed)."""
-    from lacuna_metrics import symlink_loop
+    from lacuna_metrics import symlink_loop_error
 
-    if (loop := symlink_loop(path)) is not None:
-        raise GateError(f"{flag} {path}: {loop} is a symlink loop (too many levels of symbolic links)")
+    if (loop := symlink_loop_error(f"{flag} {path}", path)) is not None:
+        raise GateError(loop)
     if path.is_dir():
         raise GateError(f"{flag} {path}: is a directory")
     parent = path.parent
