@@ -45,7 +45,8 @@ def calibration_texts(
 
     ``source`` is a LACUNA data source (anything :func:`lacuna_tasks.loader.load_data` accepts: a data or
     testbed directory; None = bundled data), whose ``split`` rows are formatted with ``qa_text``; or a text file:
-    ``.jsonl`` (field ``text``, or ``question`` + ``answer``) or ``.txt`` (one text per non-empty line), for which
+    ``.jsonl`` (field ``text``, or ``question`` + ``answer``) or ``.txt`` (one text per non-blank line, stripped of
+    leading and trailing blanks as FRAG's own loader does), for which
     ``split`` is ignored. FRAG's authors use the first 128 rows (docs/definitions.md#frag-activation-statistics).
 
     ``fields`` (keys like ``email`` or PANORAMA columns; None = every row): only rows of those fields, the first
@@ -94,8 +95,10 @@ def _texts_from_file(path: Path, n: int, columns: set[str] | None = None) -> lis
     if suffix == ".txt":
         if columns is not None:
             raise ValueError(f"calibration file {path}: a .txt file has no field column to select fields by")
+        # Each line stripped of leading and trailing blanks, blank lines skipped: FRAG's own loader
+        # (predictor.py load_examples) does the same, so a blank-padded file calibrates alike.
         with reading(path), path.open(encoding="utf-8") as fh:  # unreadable or not UTF-8: one line naming it
-            return [line.rstrip("\r\n") for line in fh if line.strip()][:n]
+            return [line.strip() for line in fh if line.strip()][:n]
     if suffix != ".jsonl":
         raise ValueError(f"calibration file {path}: expected a .jsonl or .txt file")
     rows = read_rows(path)

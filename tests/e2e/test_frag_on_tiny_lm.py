@@ -420,3 +420,37 @@ def _copy_configs(src: Path, dest: Path) -> None:
     for f in Path(src).iterdir():
         if f.suffix != ".safetensors":
             shutil.copy(f, dest / f.name)
+
+
+def test_blank_padded_txt_calibration_gives_the_authors_frag(tiny, tmp_path):
+    """A ``.txt`` calibration file is read as FRAG's own loader reads it (each line stripped, blank lines skipped),
+    so padding the lines with blanks leaves x^f, x^r and FRAG unchanged; the unstripped lines move FRAG."""
+    lac, _, _, forget, retain = tiny
+    plain_f, plain_r = [t.replace("\n", " ").strip() for t in forget], [t.replace("\n", " ").strip() for t in retain]
+    (tmp_path / "f.txt").write_text("".join(f"{t}\n" for t in plain_f))
+    (tmp_path / "r.txt").write_text("".join(f"{t}\n" for t in plain_r))
+    (tmp_path / "f_pad.txt").write_text("\n   \n" + "".join(f"  \t{t}   \n\n" for t in plain_f))
+    (tmp_path / "r_pad.txt").write_text("".join(f"\t {t} \t\n" for t in plain_r) + "  \n")
+    # The authors' loader (predictor.py load_examples) for plain-text lines, written out.
+    authors = [ln.strip() for ln in (tmp_path / "f_pad.txt").read_text().splitlines() if ln.strip()]
+    assert calibration_texts(tmp_path / "f_pad.txt", "forget") == authors == plain_f
+    assert calibration_texts(tmp_path / "r_pad.txt", "retain") == plain_r
+
+    before = Checkpoint(lac.model_dir)
+    torch.manual_seed(1)
+    state = {n: before.read(n) for n in before.names if not before.is_alias(n)}
+    after = _save(tmp_path / "after", {n: v + 0.01 * torch.randn_like(v) for n, v in state.items()}, before.config())
+
+    def frag_of(f: list[str], r: list[str]) -> float:
+        stats = activation_stats(lac.model_dir, f, r, max_length=32, dtype=torch.float32)
+        return frag_score(before, after, stats)["frag"]
+
+    stripped = frag_of(calibration_texts(tmp_path / "f.txt", "forget"), calibration_texts(tmp_path / "r.txt", "retain"))
+    padded = frag_of(
+        calibration_texts(tmp_path / "f_pad.txt", "forget"), calibration_texts(tmp_path / "r_pad.txt", "retain")
+    )
+    assert padded == stripped
+    # What keeping the blanks did (the former reading): FRAG moves, so the check above can fail.
+    kept_f = [f"  \t{t}   " for t in plain_f]
+    kept_r = [f"\t {t} \t" for t in plain_r]
+    assert abs(frag_of(kept_f, kept_r) - stripped) > 1e-6
