@@ -47,6 +47,13 @@ _EXPORTS: dict[str, str] = {
             "writing",
         ),
         "lacuna_metrics.frag.targets": ("linear_frag_weights",),
+        "lacuna_metrics.layout": (
+            "Layout",
+            "LayoutError",
+            "is_release_dir",
+            "release_tuned_dir",
+            "resolve_testbed",
+        ),
         "lacuna_metrics.localization.leak_audit": (
             "LeakAuditError",
             "audit_testbed",
