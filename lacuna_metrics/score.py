@@ -53,15 +53,22 @@ def default_cache_dir() -> Path:
     return Path(os.environ.get("LACUNA_CACHE", Path.home() / ".cache" / "lacuna-bench")) / "activations"
 
 
-def _testbed_defaults(testbed: Path) -> dict[str, Path | None]:
-    if not (testbed / "manifest.json").is_file() or not (testbed / "model").is_dir():
-        raise FileNotFoundError(f"{testbed} is not a testbed directory (expected manifest.json and model/)")
-    return {
-        "before": testbed / "model",
-        "masks": testbed / "masks.safetensors",
-        "base": testbed / "base" if (testbed / "base").is_dir() else None,
-        "data": testbed / "data" if (testbed / "data").is_dir() else None,
+def _testbed_defaults(testbed: Path, after: Path) -> dict[str, Path | None]:
+    """A testbed's parts by role (either layout, lacuna_metrics.layout); on the LACUNA release also its unmasked
+    control, when ``after`` has a twin under ``unmasked/unlearned_models/`` (docs/release.md)."""
+    from lacuna_metrics.layout import resolve_testbed
+
+    layout = resolve_testbed(testbed)
+    defaults: dict[str, Path | None] = {
+        "before": layout.before,
+        "masks": layout.masks,
+        "base": layout.base,
+        "data": layout.data,
     }
+    twin = layout.control_after_for(after) if layout.is_release else None
+    if twin is not None and layout.control_before is not None:
+        defaults["control_before"], defaults["control_after"] = layout.control_before, twin
+    return defaults
 
 
 def score_pair(
@@ -123,12 +130,14 @@ def score_pair(
         )  # fmt: skip
     defaults: dict[str, Path | None] = {}
     if testbed is not None:
-        defaults = _testbed_defaults(Path(testbed))
+        defaults = _testbed_defaults(Path(testbed), Path(after))
     before = before or defaults.get("before")
     if before is None:
         raise ValueError("give --before (or --testbed) for the checkpoint before unlearning")
     masks = (masks or defaults.get("masks")) if localize else None
     base = base or defaults.get("base")
+    if control_before is None and control_after is None:
+        control_before, control_after = defaults.get("control_before"), defaults.get("control_after")
     if (control_before is None) != (control_after is None):
         raise ValueError("give both --control-before and --control-after, or neither")
     data = defaults.get("data")

@@ -116,7 +116,15 @@ def resurfacing_attack(
     # every setting checked before any work; force: building(out) starts from an empty OUT.partial anyway
     cfg = attack_config([*args, path_override("output_dir", partial_out), "force=true"])
 
-    source = data if data is not None else Path(testbed) / "data"
+    if data is not None:
+        source = data
+    else:  # either layout: a lacuna-bench testbed's data/ or the LACUNA release's data-<regime>/
+        from lacuna_metrics import resolve_testbed
+
+        layout = resolve_testbed(str(testbed))
+        if layout.data is None:
+            raise ValueError(f"testbed={testbed}: {'; '.join(layout.notes)}: give data=DIR")
+        source = layout.data
     _check_data(source, cfg, field)
 
     from lacuna_metrics import build_manifest, exclusive_writer, write_json

@@ -171,7 +171,7 @@ def negative_control(
         "people": people, "field": field}, build_data,
     )  # fmt: skip
     data = d_stage / "data"
-    model = ctx["testbed"] / "model"
+    model = ctx["before"]
     forget_qa = [f"lacuna_{field}_forget_qa"]
     before_eval, before_persons = eval_stage(
         stages, f"[{field}] evaluate the testbed model on the negative control's people", model,

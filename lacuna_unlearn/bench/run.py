@@ -165,10 +165,13 @@ def run_benchmark(
     cfg = copy.deepcopy(dict(cfg or DEFAULT_RUN))
     validate_run_config(cfg)
     preflight_overrides(cfg)
-    if cfg["testbed"] and (Path(cfg["testbed"]) / "data").is_dir():
+    if cfg["testbed"]:
+        from lacuna_metrics import resolve_testbed
         from lacuna_tasks import load_data
 
-        load_data(Path(cfg["testbed"]) / "data")  # every stage reads it: bad data is refused before the first
+        data = resolve_testbed(cfg["testbed"]).data
+        if data is not None:
+            load_data(data)  # every stage reads it: bad data is refused before the first
     with locked(Path(out_dir)):
         return _run_locked(Path(out_dir), cfg, log)
 
@@ -200,8 +203,10 @@ def _run_locked(out: Path, cfg: dict[str, Any], log: Callable[[str], None]) -> d
         )
         testbed = stage / "testbed"
         tb_key = testbed_fingerprint(testbed)
-    data = testbed / "data"
-    before = testbed / "model"
+    from lacuna_metrics import resolve_testbed
+
+    layout = resolve_testbed(testbed)  # a lacuna-bench testbed or a LACUNA release regime directory
+    data, before = layout.data or testbed / "data", layout.before  # a release without data is refused up front
 
     # the testbed's own preset: a given testbed need not be the one the config's `preset` would build
     results: dict[str, Any] = {"schema": RUN_SCHEMA, "preset": testbed_preset(testbed), "testbed": str(testbed)}
@@ -214,7 +219,7 @@ def _run_locked(out: Path, cfg: dict[str, Any], log: Callable[[str], None]) -> d
         base_eval = eval_stage(stages, f"[{field}] evaluate before", before, {"testbed": tb_key}, group, data, cfg)
         base_behaviour = behaviour(base_eval[0], field, data, base_eval[1])
         field_out: dict[str, Any] = {"baseline": {"behaviour": base_behaviour}, "methods": {}}
-        ctx = {"testbed": testbed, "tb_key": tb_key, "data": data, "group": group}
+        ctx = {"testbed": testbed, "before": before, "tb_key": tb_key, "data": data, "group": group}
         # the relearning attack's controls, in every seed: a regime is read only where they allow it
         with_controls = cfg["reversibility"]["enabled"] and cfg["reversibility"]["positive_control"]
         checks = (

@@ -12,7 +12,6 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from lacuna_tasks import SUCCESS_AT_N_JUDGE
@@ -345,8 +344,15 @@ def validate_run_config(cfg: Mapping[str, Any]) -> None:
         raise ValueError(
             f"run config: seeds must be a non-empty list of distinct integers in [0, 2**32), got {seeds!r}"
         )
-    if cfg["testbed"] is not None and not (Path(cfg["testbed"]) / "manifest.json").is_file():
-        raise ValueError(f"run config: testbed {cfg['testbed']}: not a testbed (no manifest.json)")
+    if cfg["testbed"] is not None:  # a lacuna-bench testbed or a LACUNA release regime directory
+        from lacuna_metrics import LayoutError, resolve_testbed
+
+        try:
+            layout = resolve_testbed(cfg["testbed"], name=f"run config: testbed {cfg['testbed']}")
+        except LayoutError as exc:
+            raise ValueError(str(exc)) from None
+        if layout.is_release and layout.data is None:
+            raise ValueError(f"run config: testbed {cfg['testbed']}: {'; '.join(layout.notes)}")
     protocols = config_choices("attack")
     if cfg["attack"]["protocol"] not in protocols:
         raise ValueError(f"run config: attack.protocol {cfg['attack']['protocol']!r} is not one of {protocols}")

@@ -107,7 +107,12 @@ def _changed_outputs(stage: Path) -> str | None:
 
 def testbed_preset(testbed: Path) -> str | None:
     """The preset a testbed was built from, as its ``manifest.json`` records it (None: it records none). A run
-    given ``testbed:`` reports this, not its config's ``preset``, which names only what it builds without one."""
+    given ``testbed:`` reports this, not its config's ``preset``, which names only what it builds without one. A
+    LACUNA release regime directory reports ``lacuna-release:<size>/<regime>``."""
+    from lacuna_metrics import is_release_dir
+
+    if is_release_dir(testbed):
+        return f"lacuna-release:{testbed.parent.name}/{testbed.name}"
     manifest = testbed / "manifest.json"
     try:
         preset = json.loads(manifest.read_text()).get("preset")
@@ -118,8 +123,21 @@ def testbed_preset(testbed: Path) -> str | None:
 
 def testbed_fingerprint(testbed: Path) -> str:
     """The cache key of a testbed: the content of every file in it (models, masks, data, manifest), so editing or
-    replacing any of them in place invalidates exactly the stages that read the testbed."""
-    manifest = testbed / "manifest.json"
-    if not manifest.is_file():
-        raise FileNotFoundError(f"{testbed}: not a testbed (no manifest.json)")
-    return tree_fingerprint(testbed, exclude=["stage.json"]).removeprefix("sha256:")[:16]
+    replacing any of them in place invalidates exactly the stages that read the testbed. On a LACUNA release, the
+    parts a run reads (the model to unlearn, mask.pt, the data, the unmasked control), not the regime directory's
+    ``unlearned_models/``, which runs write into."""
+    from lacuna_metrics import resolve_testbed
+
+    layout = resolve_testbed(testbed)
+    if not layout.is_release:
+        return tree_fingerprint(testbed, exclude=["stage.json"]).removeprefix("sha256:")[:16]
+    parts = [layout.before, layout.masks, layout.data, layout.control_before]
+    digest = hashlib.sha256()
+    for part in parts:
+        if part is None:
+            digest.update(b"-\n")
+        elif part.is_dir():
+            digest.update(tree_fingerprint(part).encode() + b"\n")
+        else:
+            digest.update(hashlib.sha256(part.read_bytes()).hexdigest().encode() + b"\n")
+    return digest.hexdigest()[:16]

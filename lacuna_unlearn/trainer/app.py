@@ -40,7 +40,7 @@ def run(cfg: Any) -> Path:
 def _run(cfg: Any) -> Path:
     from omegaconf import OmegaConf
 
-    from lacuna_metrics import load_masks
+    from lacuna_metrics import load_masks, resolve_testbed
     from lacuna_tasks import load_data
     from lacuna_unlearn.lora import LoraSettings
     from lacuna_unlearn.methods import make_method
@@ -48,11 +48,14 @@ def _run(cfg: Any) -> Path:
     from lacuna_unlearn.trainer.loop import TrainConfig, unlearn
 
     attack = cfg.get("attack")
-    testbed = Path(cfg.testbed) if cfg.testbed else None
+    # either layout: a lacuna-bench testbed or a regime directory of the LACUNA release (docs/release.md)
+    layout = resolve_testbed(cfg.testbed) if cfg.testbed else None
     if attack and not cfg.model:
         raise ValueError(f"attack={attack}: give model=UNLEARNED_CHECKPOINT (the model to relearn)")
-    model = cfg.model or (testbed / "model" if testbed else None)
-    data_source = cfg.data or (testbed if testbed else None)
+    model = cfg.model or (layout.before if layout else None)
+    data_source = cfg.data or (layout.data if layout else None)
+    if layout is not None and data_source is None:
+        raise ValueError(f"testbed={cfg.testbed}: {'; '.join(layout.notes)}: give data=DATA")
     if model is None or data_source is None:
         raise ValueError("give testbed=DIR, or model=CHECKPOINT and data=DATA")
     data = load_data(data_source)
@@ -74,9 +77,10 @@ def _run(cfg: Any) -> Path:
 
     restrict = cfg.restrict or cfg.method.get("restrict") or "none"
     needs_masks = restrict != "none" and not restrict.startswith("regex:")
-    masks_path = cfg.masks or (testbed / "masks.safetensors" if testbed else None)
+    masks_path = cfg.masks or (layout.masks if layout else None)
     if needs_masks and masks_path is None:
-        raise ValueError(f"restrict={restrict!r} needs masks=PATH (or testbed=DIR)")
+        where = f" (testbed={cfg.testbed} has none)" if layout else " (or testbed=DIR)"
+        raise ValueError(f"restrict={restrict!r} needs masks=PATH{where}")
     masks = load_masks(masks_path) if needs_masks else None
 
     eval_rows = None
@@ -169,8 +173,14 @@ def preflight(cfg: Any) -> None:
             raise OSError(loop)
         if value and not Path(str(value)).exists():
             raise FileNotFoundError(f"{key}={value}: no such file or directory (only local paths are read)")
-    if cfg.get("testbed") and not (Path(str(cfg.testbed)) / "manifest.json").is_file():
-        raise ValueError(f"testbed={cfg.testbed}: not a testbed (no manifest.json)")
+    layout = None
+    if cfg.get("testbed"):
+        from lacuna_metrics import LayoutError, resolve_testbed
+
+        try:  # a lacuna-bench testbed or a LACUNA release regime directory (docs/release.md)
+            layout = resolve_testbed(str(cfg.testbed), name=f"testbed={cfg.testbed}")
+        except LayoutError as exc:
+            raise ValueError(str(exc)) from None
     check_value("seed", int, cfg.get("seed"))
     for key in ("freeze_embeddings", "append_eos"):
         check_value(key, bool | None, cfg.get(key))
@@ -218,7 +228,7 @@ def preflight(cfg: Any) -> None:
 
     validate_retain_field(cfg.get("retain_field", "same"))
     check_unlearning_splits(forget_split=cfg.get("forget_split"), retain_split=cfg.get("retain_split"))
-    source = cfg.get("data") or cfg.get("testbed")
+    source = cfg.get("data") or (layout.data if layout is not None else None)
     if source:  # bad data (unreadable, not UTF-8, invalid) fails here, before transformers is imported
         from lacuna_tasks import load_data
 

@@ -52,7 +52,7 @@ def test_bundled_default_loads():
     assert data.profiles is not None
 
 
-def test_dir_parquet_datasets_and_testbed_layouts_agree(tmp_path, small_dir):
+def test_dir_parquet_datasets_and_resolve_testbeds_agree(tmp_path, small_dir):
     import datasets
 
     jsonl = load_data(small_dir)

@@ -113,9 +113,15 @@ def _no_symlink_loop(flag: str, path: Path) -> None:
 
 
 def testbed_dir(flag: str, value: str | None) -> Path | None:
+    """A testbed of either layout (lacuna-bench's, or a regime directory of the LACUNA release)."""
     path = existing(flag, value, "dir")
-    if path is not None and not (path / "manifest.json").is_file():
-        raise ValueError(f"{flag} {path}: not a testbed (no manifest.json)")
+    if path is not None:
+        from lacuna_metrics import LayoutError, resolve_testbed
+
+        try:
+            resolve_testbed(path, name=f"{flag} {path}")
+        except LayoutError as exc:
+            raise ValueError(str(exc)) from None
     return path
 
 
@@ -139,8 +145,6 @@ def writable(flag: str, value: str | os.PathLike[str], *, directory: bool) -> Pa
 def check_score(args: argparse.Namespace) -> None:
     existing("--after", args.after)
     testbed = testbed_dir("--testbed", args.testbed)
-    if testbed is not None and not (testbed / "model").is_dir():
-        raise ValueError(f"--testbed {testbed}: not a testbed (no model/)")
     for flag in ("before", "base", "control_before", "control_after", "calib_forget", "calib_retain"):
         existing("--" + flag.replace("_", "-"), getattr(args, flag))
     existing("--masks", args.masks, "file")
@@ -152,13 +156,17 @@ def check_score(args: argparse.Namespace) -> None:
         raise ValueError("--masks and --no-masks contradict each other")
     if testbed is None and (args.before is None or args.masks is None and not args.no_masks):
         raise ValueError("give --testbed DIR, or --before DIR with --masks FILE (or --no-masks for FRAG/distance only)")
-    if (
-        testbed is not None
-        and not args.no_masks
-        and args.masks is None
-        and not (testbed / "masks.safetensors").is_file()
-    ):
-        raise FileNotFoundError(f"--testbed {testbed}: no masks.safetensors (give --masks FILE or --no-masks)")
+    if testbed is not None and not args.no_masks and args.masks is None:
+        from lacuna_metrics import resolve_testbed
+
+        layout = resolve_testbed(testbed)
+        if layout.masks is None or not layout.masks.is_file():
+            wanted = (
+                "mask.pt (an unmasked regime has none: it is the control run of the masked regime's contrast scores)"
+                if layout.is_release
+                else "masks.safetensors"
+            )
+            raise FileNotFoundError(f"--testbed {testbed}: no {wanted} (give --masks FILE or --no-masks)")
     calib_fields(args.calib_fields)
     if args.activation_cache:
         writable("--activation-cache", args.activation_cache, directory=True)

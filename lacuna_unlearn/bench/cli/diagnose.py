@@ -38,7 +38,7 @@ def run(args: argparse.Namespace) -> int:
     from lacuna_metrics import calibration_texts, diagnose_models
 
     if args.queries in ("forget", "retain"):
-        source = args.data or (str(Path(args.testbed) / "data") if args.testbed else None)
+        source = args.data or (_testbed_data(args.testbed) if args.testbed else None)
         if source is None:
             raise ValueError(f"--queries {args.queries} reads a LACUNA split: give --testbed DIR or --data DIR")
         texts = calibration_texts(source, args.queries, args.n)
@@ -55,3 +55,10 @@ def run(args: argparse.Namespace) -> int:
             print(f"  {row['layer']:>5}  {row['pca_sim']}  {row['cka']}")
     print(f"wrote {Path(out) / 'diagnose.json'}" + (" and plots/" if args.plots else ""))
     return 0
+
+
+def _testbed_data(testbed: str) -> Path | None:
+    """The data of a testbed of either layout (lacuna_metrics.layout)."""
+    from lacuna_metrics import resolve_testbed
+
+    return resolve_testbed(testbed).data

@@ -12,7 +12,7 @@ from lacuna_unlearn.bench.stages import locked, stage_key
 
 
 def test_second_run_into_the_same_out_is_refused(tmp_path):
-    (tmp_path / "tb").mkdir()
+    (tmp_path / "tb" / "model").mkdir(parents=True)
     (tmp_path / "tb" / "manifest.json").write_text("{}")
     cfg = load_run_config(preset="smoke", overrides={"testbed": str(tmp_path / "tb")})
     with locked(tmp_path / "run"):
