@@ -190,6 +190,7 @@ def _load_dir(path: Path, display: str, given: Path | None = None) -> LacunaData
             f"<split>.jsonl or <split>.parquet for splits {list(KNOWN_SPLITS)} (in the directory or its data/; or a "
             "DatasetDict saved with save_to_disk), or LACUNA's released data directory <size>/data-<regime>/ "
             "(README.md dataset card and data/<Config>_<split>.parquet, e.g. data/Email_Address_forget.parquet)"
+            + _releases_inside(looked)
         )
     profiles = None
     profiles_file = None
@@ -208,6 +209,12 @@ def _load_dir(path: Path, display: str, given: Path | None = None) -> LacunaData
         profiles=profiles,
         files={s: str(f) for s, f in files.items()},
     )
+
+
+def _releases_inside(path: Path) -> str:
+    """A hint for the parent of release data directories (``<size>/``, holding ``data-masked/``...)."""
+    inside = sorted(str(p) for p in path.iterdir() if p.is_dir() and find_release(p) is not None)
+    return f"; LACUNA's release data is in {', '.join(inside)}: pass one of those" if inside else ""
 
 
 def read_rows(file: Path) -> list[dict[str, Any]]:

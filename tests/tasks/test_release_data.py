@@ -248,6 +248,11 @@ def test_a_directory_in_neither_layout_names_what_it_found_and_both_layouts(tmp_
     _one_line_error(empty, empty, "it is empty")
 
 
+def test_the_size_directory_points_to_its_data_directories(release):
+    size = release.parent  # <root>/OLMo2-1B holds data-masked/ (and, in the release, the models)
+    _one_line_error(size, "no LACUNA splits found", "data-masked/", f"LACUNA's release data is in {release}")
+
+
 def test_a_card_naming_a_missing_file(copy):
     (copy / "data" / "Birth_City_retain.parquet").unlink()
     _one_line_error(copy, copy / "README.md", "data/Birth_City_retain.parquet", "does not exist")
