@@ -6,8 +6,12 @@ A source is one of:
 * a local directory of ``<split>.jsonl`` / ``<split>.parquet`` files in the schema of
   :mod:`lacuna_tasks.schema` (what ``lacuna data generate`` and the testbed builder write),
   optionally with ``profiles.jsonl``; a testbed directory whose ``data/`` holds those files works too;
-* a ``datasets`` dataset saved with ``save_to_disk`` in the released LACUNA layout (split names as
-  in :data:`~lacuna_tasks.schema.SPLITS`).
+* a ``datasets`` ``DatasetDict`` saved with ``save_to_disk`` whose split names are lacuna-bench's
+  (:data:`~lacuna_tasks.schema.SPLITS`): a convenience, not the layout LACUNA publishes;
+* LACUNA's released data directory as ``scripts/download_artifacts.py`` writes it, ``<size>/data-<regime>/``
+  (a dataset card and ``data/<Config>_<split>.parquet``), or its ``data/`` subfolder: read by
+  :mod:`lacuna_tasks.release_data`, which maps its configs onto these splits (docs/tasks.md, "LACUNA's
+  released data").
 
 Besides LACUNA's splits, a source may hold the held-out ``retain_eval`` / ``retain_eval_paraphrased``
 splits (:data:`~lacuna_tasks.validate.RETAIN_EVAL_SPLITS`); older data lacks them, and
@@ -34,6 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from lacuna_tasks.release_data import ReleaseDir, describe, find_release, read_release, watched_files
 from lacuna_tasks.schema import SPLITS, LacunaDataError, get_field, validate_rows
 from lacuna_tasks.validate import RETAIN_EVAL_SPLITS, index_profiles, validate_dataset
 
@@ -55,7 +60,10 @@ class LacunaData:
     fingerprint: str
     splits: dict[str, list[dict[str, Any]]]
     profiles: dict[str, dict[str, Any]] | None = None
+    #: split -> the file it was read from; for LACUNA's release, its parquet files in order, joined by ", "
     files: dict[str, str] = field(default_factory=dict)
+    #: LACUNA's release only: how its files were classified and mapped (:func:`lacuna_tasks.release_data.read_release`)
+    release: dict[str, Any] | None = None
 
     def rows(self, split: str, field_name: str | None = None) -> list[dict[str, Any]]:
         """Rows of ``split`` (optionally one field); fails if the split is missing or empty."""
@@ -79,8 +87,13 @@ class LacunaData:
         """Whether the source holds ``split`` (the optional retain-eval splits are absent from older data)."""
         return split in self.splits
 
-    def provenance(self) -> dict[str, str]:
-        return {"source": self.source, "fingerprint": self.fingerprint}
+    def provenance(self) -> dict[str, Any]:
+        """Source and content fingerprint; for LACUNA's release also its layout and the configs not used."""
+        out: dict[str, Any] = {"source": self.source, "fingerprint": self.fingerprint}
+        if self.release is not None:
+            out["layout"] = self.release["layout"]
+            out["unused"] = self.release["unused"]
+        return out
 
 
 def resolve_source(metadata: Mapping[str, Any] | None = None) -> str:
@@ -93,21 +106,36 @@ def load_data(source: str | os.PathLike | None = None) -> LacunaData:
     """Load and validate a LACUNA data source (cached per path and file modification times)."""
     name = str(source) if source is not None else BUNDLED_NAME
     path = BUNDLED_DIR if name == BUNDLED_NAME else Path(name).expanduser()
+    given = path
     if not path.exists():
         raise LacunaDataError(
             f"LACUNA data path {str(path)!r} does not exist (set via --metadata lacuna_data or ${ENV_VAR})"
         )
     if not path.is_dir():
         raise LacunaDataError(f"LACUNA data path {str(path)!r} is not a directory")
-    if (path / "data").is_dir() and not _split_files(path) and not (path / "dataset_dict.json").exists():
-        path = path / "data"  # a testbed directory
+    release = None
+    if not _split_files(path) and not (path / "dataset_dict.json").exists():
+        release = find_release(path.resolve())
+        if release is None and (path / "data").is_dir():
+            path = path / "data"  # a testbed directory
+    if release is not None:
+        watched = watched_files(release)
+        key = (str(release.root), "release", tuple((str(p), *_stat(p)) for p in watched))
+        if key not in _CACHE:
+            _CACHE[key] = _load_release(release)
+        return _CACHE[key]
     path = path.resolve()
-    stamp = tuple(sorted((p.name, p.stat().st_mtime_ns, p.stat().st_size) for p in path.iterdir() if p.is_file()))
+    stamp = tuple(sorted((p.name, *_stat(p)) for p in path.iterdir() if p.is_file()))
     key = (str(path), stamp)
     if key not in _CACHE:
         display = BUNDLED_NAME if path == BUNDLED_DIR.resolve() else str(path)
-        _CACHE[key] = _load_dir(path, display)
+        _CACHE[key] = _load_dir(path, display, given)
     return _CACHE[key]
+
+
+def _stat(path: Path) -> tuple[int, int]:
+    st = path.stat()
+    return st.st_mtime_ns, st.st_size
 
 
 def _split_files(path: Path) -> dict[str, Path]:
@@ -121,7 +149,21 @@ def _split_files(path: Path) -> dict[str, Path]:
     return found
 
 
-def _load_dir(path: Path, display: str) -> LacunaData:
+def _load_release(release: ReleaseDir) -> LacunaData:
+    """LACUNA's released data directory, mapped onto lacuna-bench's splits and validated like every source."""
+    data = read_release(release)
+    files = {split: ", ".join(file for file, _ in parts) for split, parts in data.parts.items()}
+    validate_dataset(data.splits, files, parts=data.parts)
+    return LacunaData(
+        source=str(release.root),
+        fingerprint=fingerprint(data.splits),
+        splits=data.splits,
+        files=files,
+        release=data.info,
+    )
+
+
+def _load_dir(path: Path, display: str, given: Path | None = None) -> LacunaData:
     files = _split_files(path)
     splits: dict[str, list[dict[str, Any]]] = {}
     if files:
@@ -139,9 +181,16 @@ def _load_dir(path: Path, display: str) -> LacunaData:
                 splits[split] = validate_rows(dd[split].to_list(), source=str(path / split), split=split)
                 files[split] = path / split
     if not splits:
+        looked = given if given is not None else path
+        found = describe(looked.iterdir())
+        if looked.resolve() != path:
+            found += f"; in its data/ {describe(path.iterdir()).replace('it is empty', 'nothing')}"
         raise LacunaDataError(
-            f"{path}: no LACUNA splits found; expected files named <split>.jsonl or <split>.parquet "
-            f"for splits {list(KNOWN_SPLITS)}, or a datasets DatasetDict saved with save_to_disk"
+            f"{looked}: no LACUNA splits found ({found}); expected lacuna-bench's layout, files "
+            f"<split>.jsonl or <split>.parquet for splits {list(KNOWN_SPLITS)} (in the directory or its data/; or a "
+            "DatasetDict saved with save_to_disk), or LACUNA's released data directory <size>/data-<regime>/ "
+            "(README.md dataset card and data/<Config>_<split>.parquet, e.g. data/Email_Address_forget.parquet)"
+            + _releases_inside(looked)
         )
     profiles = None
     profiles_file = None
@@ -160,6 +209,12 @@ def _load_dir(path: Path, display: str) -> LacunaData:
         profiles=profiles,
         files={s: str(f) for s, f in files.items()},
     )
+
+
+def _releases_inside(path: Path) -> str:
+    """A hint for the parent of release data directories (``<size>/``, holding ``data-masked/``...)."""
+    inside = sorted(str(p) for p in path.iterdir() if p.is_dir() and find_release(p) is not None)
+    return f"; LACUNA's release data is in {', '.join(inside)}: pass one of those" if inside else ""
 
 
 def read_rows(file: Path) -> list[dict[str, Any]]:

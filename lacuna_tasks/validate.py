@@ -27,7 +27,7 @@ one-line :class:`~lacuna_tasks.schema.LacunaDataError` naming the file, split, r
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -81,13 +81,23 @@ def validate_dataset(
     files: Mapping[str, str],
     profiles: Mapping[str, Mapping[str, Any]] | None = None,
     profiles_source: str = "profiles",
+    *,
+    parts: Mapping[str, Sequence[tuple[str, int]]] | None = None,
 ) -> None:
-    """Check the relations above across all splits (rows already checked by ``validate_rows``)."""
+    """Check the relations above across all splits (rows already checked by ``validate_rows``).
+
+    ``parts``: for a split read from several files (LACUNA's release: one parquet file per field), its files in
+    order with their row counts, so that a message names the file holding the row and the row's index in it."""
     order = [s for s in (*MAIN_SPLITS, *RETAIN_EVAL_SPLITS, "validation", "relearn") if s in splits]
     order += [s for s in splits if s not in order]
 
     def at(split: str, i: int, *, short: bool = False) -> str:
         file = files.get(split, split)
+        for part, count in (parts or {}).get(split, ()):
+            if i < count:
+                file = part
+                break
+            i -= count
         return f"{Path(file).name if short else file}: split {split!r} row {i}"
 
     # 1. Keys unique within each split.

@@ -152,3 +152,15 @@ def leak_and_nll():
         return sum(hits) / len(hits), float(nll_loss(logits, batch["labels"]))
 
     return compute
+
+
+@pytest.fixture(scope="session")
+def tiny_release(tiny_lacuna, tmp_path_factory):
+    """A tiny LACUNA release in the authors' published layout (tests/helpers/release.py): ``<root>/OLMo2-1B/`` with
+    ``masked/`` (the tiny memorizing model as W_cpt, its ``mask.pt``, ``intruction_tuned/``), ``unmasked/`` and
+    ``data-masked/`` / ``data-unmasked/`` (card and parquet files) from ``tiny_lacuna``'s data. Seconds on top of
+    ``tiny_lacuna``."""
+    from helpers.release import write_release
+
+    root = tmp_path_factory.mktemp("tiny_release")
+    return write_release(root, data_dir=tiny_lacuna.data_dir, model_dir=tiny_lacuna.model_dir)

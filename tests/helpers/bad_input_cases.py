@@ -88,6 +88,30 @@ def _mutated_data(good: Path, dest: Path, mutate: Callable[[list[dict]], None], 
     return dest
 
 
+def _release_data(data: Path, dest: Path) -> Path:
+    """``data`` as LACUNA's released data directory ``dest`` (``data-<regime>``: card and parquet files,
+    tests/helpers/release.py)."""
+    from helpers.release import release_tables, write_release_data
+    from lacuna_tasks.loader import load_data, read_rows
+
+    profiles = {str(p["Unique ID"]): p for p in read_rows(data / "profiles.jsonl")}
+    return write_release_data(dest, release_tables(load_data(data).splits, profiles))
+
+
+def _broken_release(good: Path, dest: Path, name: str, change: Callable[[Any], Any] | None = None) -> Path:
+    """A copy of the release ``good`` whose ``data/<name>`` is rewritten by ``change`` (a pyarrow table -> table) or,
+    without one, deleted (the card still naming it)."""
+    import pyarrow.parquet as pq
+
+    shutil.copytree(good, dest)
+    file = dest / "data" / name
+    if change is None:
+        file.unlink()
+    else:
+        pq.write_table(change(pq.read_table(file)), file)
+    return dest
+
+
 def _fake_testbed(root: Path, data: Path | None = None) -> Path:
     """A directory that passes the 'is a testbed' check (manifest.json, model/), with ``data`` copied in."""
     (root / "model").mkdir(parents=True)
@@ -268,6 +292,12 @@ class Inputs:
     data_missing_column: Path
     data_not_utf8: Path
     data_unreadable: Path
+    release: Path
+    release_missing_config: Path
+    release_card_missing_file: Path
+    release_renamed_column: Path
+    release_group_id_float: Path
+    neither_layout: Path
     testbed_not_utf8: Path
     testbed_unreadable: Path
     queries_not_utf8: Path
@@ -339,6 +369,25 @@ def build_inputs(root: Path) -> Inputs:
     def drop_answer(rows: list[dict]) -> None:
         rows[0].pop("answer")
 
+    release = _release_data(data, root / "OLMo2-1B" / "data-masked")
+    release_missing = _broken_release(release, root / "release_missing_config", "Email_Address_forget.parquet")
+    (release_missing / "README.md").unlink()  # no card: the files are classified by name, one is missing
+    release_card = _broken_release(release, root / "release_card_missing_file", "Birth_City_retain.parquet")
+    release_renamed = _broken_release(
+        release,
+        root / "release_renamed_column",
+        "Drivers_License_retain.parquet",
+        lambda t: t.rename_columns(["Question" if n == "question" else n for n in t.column_names]),
+    )
+    release_float = _broken_release(
+        release,
+        root / "release_group_id_float",
+        "Phone_Number_forget.parquet",
+        lambda t: t.set_column(t.column_names.index("group_id"), "group_id", t.column("group_id").cast("float64")),
+    )
+    neither = root / "neither_layout"
+    (neither / "downloads").mkdir(parents=True)
+    (neither / "notes.txt").write_text("neither lacuna-bench's layout nor LACUNA's release\n")
     fake_testbed = _fake_testbed(root / "fake_testbed")
     not_utf8 = _not_utf8(data, root / "data_not_utf8")
     unreadable = _unreadable(data, root / "data_unreadable")
@@ -383,6 +432,12 @@ def build_inputs(root: Path) -> Inputs:
         data_missing_column=_mutated_data(data, root / "data_noanswer", drop_answer),
         data_not_utf8=not_utf8,
         data_unreadable=unreadable.parent,
+        release=release,
+        release_missing_config=release_missing,
+        release_card_missing_file=release_card,
+        release_renamed_column=release_renamed,
+        release_group_id_float=release_float,
+        neither_layout=neither,
         testbed_not_utf8=tb_not_utf8,
         testbed_unreadable=tb_unreadable.parent.parent,
         queries_not_utf8=queries,
@@ -776,6 +831,31 @@ CASES: dict[str, Case] = {
     "bad-data/score-calibration-missing-column": C(
         lambda i, o: _frag_only(i, o, "--calib-forget", str(i.data_missing_column), "--calib-retain", str(i.data)),
         lambda i, o: ["forget.jsonl", "answer"],
+    ),
+    # LACUNA's released data directory (issue 36): the file at fault named
+    "bad-data/attack-release-missing-config": C(
+        lambda i, o: _attack(i, o, data=i.release_missing_config),
+        lambda i, o: [str(i.release_missing_config / "data" / "Email_Address_forget.parquet"), "missing"],
+    ),
+    "bad-data/attack-release-card-names-missing-file": C(
+        lambda i, o: _attack(i, o, data=i.release_card_missing_file),
+        lambda i, o: [str(i.release_card_missing_file / "README.md"), "data/Birth_City_retain.parquet"],
+    ),
+    "bad-data/attack-release-renamed-column": C(
+        lambda i, o: _attack(i, o, data=i.release_renamed_column),
+        lambda i, o: [str(i.release_renamed_column / "data" / "Drivers_License_retain.parquet"), "'question'"],
+    ),
+    "bad-data/attack-release-group-id-not-integer": C(
+        lambda i, o: _attack(i, o, data=i.release_group_id_float),
+        lambda i, o: [str(i.release_group_id_float / "data" / "Phone_Number_forget.parquet"), "'group_id'", "double"],
+    ),
+    "bad-data/attack-neither-layout": C(
+        lambda i, o: _attack(i, o, data=i.neither_layout),
+        lambda i, o: [str(i.neither_layout), "downloads/, notes.txt", "<split>.jsonl", "data/<Config>_<split>.parquet"],
+    ),
+    "bad-data/diagnose-release-renamed-column": C(
+        lambda i, o: [*_diagnose(i, o), "--data", str(i.release_renamed_column)],
+        lambda i, o: [str(i.release_renamed_column / "data" / "Drivers_License_retain.parquet"), "'question'"],
     ),
 }
 

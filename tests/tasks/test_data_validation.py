@@ -262,14 +262,14 @@ def test_held_out_people_outside_other_splits(data_dir, split, source):
 # --------------------------------------------------------------------------- other layouts and the task entry point
 
 
-def test_released_datasetdict_layout_is_validated(tmp_path):
+def test_save_to_disk_datasetdict_layout_is_validated(tmp_path):
     import datasets
 
     bundled = load_data()
     splits = {s: list(bundled.splits[s]) for s in ("forget", "retain")}
     splits["retain"][5] = {**splits["retain"][5], "ID": splits["retain"][0]["ID"]}
     splits["retain"][5]["field"] = splits["retain"][0]["field"]
-    disk = tmp_path / "released"
+    disk = tmp_path / "saved"
     datasets.DatasetDict({s: datasets.Dataset.from_list(r) for s, r in splits.items()}).save_to_disk(str(disk))
     message = error_of(disk)
     assert message.startswith(f"{disk.resolve() / 'retain'}: split 'retain' row 5: duplicate ID")

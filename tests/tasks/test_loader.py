@@ -60,7 +60,7 @@ def test_dir_parquet_datasets_and_resolve_testbeds_agree(tmp_path, small_dir):
     pq_dir.mkdir()
     for split, rows in jsonl.splits.items():
         datasets.Dataset.from_list(rows).to_parquet(str(pq_dir / f"{split}.parquet"))
-    disk = tmp_path / "released"
+    disk = tmp_path / "saved"
     datasets.DatasetDict({s: datasets.Dataset.from_list(r) for s, r in jsonl.splits.items()}).save_to_disk(str(disk))
     testbed = tmp_path / "testbed"
     (testbed / "data").mkdir(parents=True)

@@ -101,10 +101,10 @@ def test_written_and_loaded(data_dir, splits, profiles, tmp_path):
     assert not old.has_split("retain_eval") and set(old.splits) == set(SPLITS)
     with pytest.raises(ValueError, match=r"the retain-eval splits come together"):
         write_dataset(tmp_path / "half", profiles, {s: splits[s] for s in (*SPLITS, "retain_eval")})
-    # the released layout (a datasets DatasetDict) and parquet files carry the retain-eval splits too
+    # a DatasetDict saved with save_to_disk and parquet files carry the retain-eval splits too
     import datasets
 
-    disk, pq = tmp_path / "released", tmp_path / "pq"
+    disk, pq = tmp_path / "saved", tmp_path / "pq"
     datasets.DatasetDict({s: datasets.Dataset.from_list(r) for s, r in data.splits.items()}).save_to_disk(str(disk))
     pq.mkdir()
     for split, rows in data.splits.items():
