@@ -33,6 +33,7 @@ _EXPORTS: dict[str, str] = {
             "resolve_lm_eval_results",
         ),
         "lacuna_tasks.loader": (
+            "KNOWN_SPLITS",
             "load_data",
             "read_rows",
             "reading",

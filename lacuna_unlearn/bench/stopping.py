@@ -33,44 +33,49 @@ from lacuna_unlearn.dataclass_config import path_override
 
 __all__ = ["STOP_METRICS", "choose_step", "stopping_point", "validation_view"]
 
-#: The retain-side files of a testbed's data, rebuilt in the validation view.
-RETAIN_FILES = ("retain.jsonl", "retain_paraphrased.jsonl", "retain_eval.jsonl", "retain_eval_paraphrased.jsonl")
+#: The retain-side splits of a testbed's data, rebuilt in the validation view.
+RETAIN_SPLITS = ("retain", "retain_paraphrased", "retain_eval", "retain_eval_paraphrased")
 #: Stopping metric -> the task suffix it comes from (``lacuna_<field>_<suffix>``).
 STOP_METRICS: dict[str, str] = {"j_w": "forget_worstcase", "forget_leak": "forget_qa"}
 
 
 def validation_view(stages: Stages, ctx: Mapping[str, Any]) -> Path:
     """The testbed's data with the validation people as the forget split (and no validation or forget-paraphrased
-    split, so no person is in two splits): what a validation run unlearns and is asked. One cached stage."""
+    split, so no person is in two splits): what a validation run unlearns and is asked. One cached stage. The data
+    is read through :func:`lacuna_tasks.load_data`, so a LACUNA release's ``data-<regime>/`` works as a testbed's
+    ``data/`` does; the view is written in lacuna-bench's JSONL layout."""
+    from lacuna_tasks import KNOWN_SPLITS, load_data
+
     source = Path(ctx["data"])
-    if not (source / "validation.jsonl").is_file():
-        raise ValueError(f"{source}: no validation split (validation.jsonl): stopping points need validation people")
+    data = load_data(source)
+    if not data.has_split("validation"):
+        raise ValueError(f"{data.source}: no validation split: stopping points need validation people")
 
     def build(tmp: Path) -> None:
         view = tmp / "data"
         view.mkdir()
 
-        def lines(name: str) -> list[str]:
-            path = source / name
-            return [line for line in path.read_text().splitlines() if line.strip()] if path.is_file() else []
+        def write(split: str, rows: list[dict[str, Any]]) -> None:
+            (view / f"{split}.jsonl").write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
 
-        groups = {int(json.loads(line)["group_id"]) for line in lines("validation.jsonl")}
-        skip = {"forget.jsonl", "forget_paraphrased.jsonl", "validation.jsonl", *RETAIN_FILES}
-        for item in source.iterdir():
-            if item.is_file() and item.name not in skip:
-                shutil.copy(item, view / item.name)
-        for name, parts in (
-            ("retain.jsonl", ("retain.jsonl", "retain_eval.jsonl")),
-            ("retain_paraphrased.jsonl", ("retain_paraphrased.jsonl", "retain_eval_paraphrased.jsonl")),
-        ):
+        groups = {int(r["group_id"]) for r in data.splits["validation"]}
+        skip = {"forget", "forget_paraphrased", "validation", *RETAIN_SPLITS}
+        split_files = {f"{s}{suffix}" for s in KNOWN_SPLITS for suffix in (".jsonl", ".parquet")}
+        if source.is_dir():  # what else the data directory holds (profiles, held-out neutral text)
+            for item in source.iterdir():
+                if item.is_file() and item.name not in split_files and item.suffix in (".jsonl", ".json"):
+                    shutil.copy(item, view / item.name)
+        for split, rows in data.splits.items():
+            if split not in skip:
+                write(split, rows)
+        for name, parts in (("retain", ("retain", "retain_eval")), ("retain_paraphrased", RETAIN_SPLITS[1::2])):
             # forget and retain groups stay disjoint (one mask per group): retain people who share a group with a
             # validation person leave the view; the held-out retain people join the retain side, so the in-context
             # probes of J_W still find three other people's pairs
-            kept = [line for part in parts for line in lines(part) if int(json.loads(line)["group_id"]) not in groups]
-            (view / name).write_text("".join(f"{line}\n" for line in kept))
-        shutil.copy(source / "validation.jsonl", view / "forget.jsonl")
+            write(name, [r for part in parts for r in data.splits.get(part, []) if int(r["group_id"]) not in groups])
+        write("forget", data.splits["validation"])
 
-    stage = stages.get("data", "validation people as the forget set", {"testbed": ctx["tb_key"], "view": 3}, build)
+    stage = stages.get("data", "validation people as the forget set", {"testbed": ctx["tb_key"], "view": 4}, build)
     return stage / "data"
 
 
