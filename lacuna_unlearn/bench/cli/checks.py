@@ -163,6 +163,8 @@ def check_score(args: argparse.Namespace) -> None:
     if args.activation_cache:
         writable("--activation-cache", args.activation_cache, directory=True)
     writable("--out", args.out or Path(args.after) / "lacuna_score", directory=True)
+    if args.lacuna_files:
+        writable("--lacuna-files", args.lacuna_files, directory=True)
 
 
 def calib_fields(value: str | None) -> list[str] | None:
