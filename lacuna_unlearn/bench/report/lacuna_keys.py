@@ -31,6 +31,7 @@ __all__ = [
     "lacuna_method",
     "run_lacuna_files",
     "score_lacuna_files",
+    "split_layout",
 ]
 
 PANORAMA, PRECISION, LEAKAGE = "Panorama_SUMMARY.json", "metrics.json", "extraction_leakage.json"
@@ -327,9 +328,13 @@ def _attack_settings(entry: Mapping[str, Any]) -> dict[str, Any]:
     return {"attack": {k: attack.get(k) for k in ("protocol", "judge", "attempts", "persons")}}
 
 
-def score_lacuna_files(score: Mapping[str, Any], out: str | Path, *, source: str = "score.json") -> list[Path]:
-    """Write a ``score.json`` (``lacuna score``) as LACUNA's precision files ``out/<target>/metrics.json`` (with
-    sidecars) for the targets ``forget`` and ``unified``. ``source`` names the score.json in the sidecars."""
+def score_lacuna_files(
+    score: Mapping[str, Any], out: str | Path, *, layout: str = "{target}", source: str = "score.json"
+) -> list[Path]:
+    """Write a ``score.json`` (``lacuna score``) as LACUNA's precision files ``out/<layout>/metrics.json`` (with
+    sidecars) for the targets ``forget`` and ``unified``; ``layout`` holds ``{target}``, e.g.
+    ``{target}/Email_Address/SimNPO`` for LACUNA's own ``precision_metrics/`` tree. ``source`` names the score.json
+    in the sidecars."""
     out = Path(out)
     manifest = score.get("manifest") or {}
     origin = {
@@ -342,5 +347,17 @@ def score_lacuna_files(score: Mapping[str, Any], out: str | Path, *, source: str
     written: list[Path] = []
     for target in LACUNA_TARGETS:
         content, keys, absent = _fill(PRECISION, score, "score", target)
-        written += _write(out / target / PRECISION, content, keys, absent, {**origin, "target": target})
+        path = out / layout.format(target=target) / PRECISION
+        written += _write(path, content, keys, absent, {**origin, "target": target})
     return written
+
+
+def split_layout(path: str | Path) -> tuple[Path, str]:
+    """``--lacuna-files`` as (root, layout): a path holding ``{target}`` splits at its first templated part
+    (``.../precision_metrics/{target}/F/M`` -> ``.../precision_metrics``, ``{target}/F/M``); any other path is the
+    root of ``<target>/metrics.json``."""
+    parts = Path(path).parts
+    first = next((i for i, part in enumerate(parts) if "{target}" in part), None)
+    if first is None:
+        return Path(path), "{target}"
+    return Path(*parts[:first]) if first else Path("."), str(Path(*parts[first:]))

@@ -347,11 +347,16 @@ def lacuna_score(rel: Release, out: Path, *, base: Path | None = None, extra: tu
         "--crossfield", *crossfield,
         "--qtile-ties", "ordinal",
         "--no-frag", "--no-null",
-        "--out", str(out), "--lacuna-files", str(out / "precision_metrics"),
+        "--out", str(out), "--lacuna-files", str(out / "precision_metrics" / "{target}" / SCORED / METHOD),
         *extra,
     ]  # fmt: skip
     assert main(argv) == 0
     return json.loads((out / "score.json").read_text())
+
+
+def lacuna_file(out: str | Path, target: str, name: str = "metrics.json") -> dict[str, Any]:
+    """A file ``lacuna score --lacuna-files OUT/precision_metrics/{target}/F/M`` wrote (LACUNA's layout)."""
+    return json.loads((Path(out) / "precision_metrics" / target / SCORED / METHOD / name).read_text())
 
 
 @pytest.fixture(scope="module")
@@ -413,7 +418,7 @@ def test_reversal_family_with_the_pretrained_reference(release, tmp_path):
 def test_per_layer_aucs_and_their_keys(scored, references):
     """layer_aucs: per (layer, component) the ordinal qtile AUC over the target's universe, keyed like the authors."""
     for target, ref in references.items():
-        written = json.loads((Path(scored["_out"]) / "precision_metrics" / target / "metrics.json").read_text())
+        written = lacuna_file(scored["_out"], target)
         expected = {}
         for g in dict.fromkeys(ref.groups):
             rows = [i for i, h in enumerate(ref.groups) if h == g]
@@ -520,10 +525,9 @@ def test_universe_per_target(tmp_path):
 def test_lacuna_files_hold_the_score_in_the_authors_keys(scored):
     from lacuna_unlearn.bench.report.lacuna_keys import LACUNA_FAMILIES
 
-    root = Path(scored["_out"]) / "precision_metrics"
     for target in TARGET_BITS:
-        written = json.loads((root / target / "metrics.json").read_text())
-        provenance = json.loads((root / target / "metrics.provenance.json").read_text())
+        written = lacuna_file(scored["_out"], target)
+        provenance = lacuna_file(scored["_out"], target, "metrics.provenance.json")
         for family in LACUNA_FAMILIES:
             assert written[f"auc_{family}"] == scored["auc"][target][family]
         assert "pk_composite" not in written and "pk_composite" in provenance["absent"]
