@@ -268,10 +268,11 @@ def _fill(
 def _write(
     path: Path, content: dict[str, Any], keys: Mapping[str, str], absent: Mapping[str, str], origin: dict[str, Any]
 ) -> list[Path]:
-    """Write ``path`` and its provenance sidecar atomically; nothing when no key has a value."""
+    """Write ``path`` and its provenance sidecar atomically; nothing when no key but the run's field has a value
+    (an entry without the attack has no leakage figures to write)."""
     from lacuna_metrics import package_versions, schema_stamp, write_json
 
-    if not content:
+    if not set(keys.values()) - {"field"}:
         return []
     used = dict.fromkeys(n for spec in KEYS if spec.file == path.name and spec.key in keys for n in spec.notes)
     sidecar = path.with_name(path.stem + ".provenance.json")
