@@ -35,6 +35,8 @@ __all__ = [
 ]
 
 PANORAMA, PRECISION, LEAKAGE = "Panorama_SUMMARY.json", "metrics.json", "extraction_leakage.json"
+#: The one source path that is the run's context, not a result: a file holding nothing else is not written.
+_FIELD = "field"
 #: The targets ``precision_metrics.py`` writes a ``metrics.json`` for (lacuna-bench's ``forget_vs_retain`` has none).
 LACUNA_TARGETS = ("forget", "unified")
 #: The scoring families of ``precision_metrics.py`` in the order its ``metrics.json`` lists them (``ALL_METRICS``);
@@ -165,7 +167,7 @@ _PROBE = ("probe_prompt", "judge", "probe_people")
 KEYS: tuple[LacunaKey, ...] = (
     *sorted(_panorama(), key=lambda k: k.key),
     *_precision(),
-    LacunaKey(LEAKAGE, "field", "field", transform="field_name", notes=("field_name",)),
+    LacunaKey(LEAKAGE, "field", _FIELD, transform="field_name", notes=("field_name",)),
     LacunaKey(LEAKAGE, "attempts", "attack.attempts"),
     LacunaKey(LEAKAGE, "total_forget_people", "attack.persons", transform="count", notes=("probe_people",)),
     LacunaKey(
@@ -174,7 +176,7 @@ KEYS: tuple[LacunaKey, ...] = (
         "attack.ci.success_at_n_unlearned.k",
         transform="count",
         notes=(*_PROBE, "count"),
-    ),  # fmt: skip
+    ),
     LacunaKey(LEAKAGE, "forgotten_by_unlearn", "attack.forgotten", transform="count", notes=_PROBE),
     LacunaKey(LEAKAGE, "resurfaced_after_relearn", "attack.resurfaced", transform="count", notes=_PROBE),
     LacunaKey(
@@ -183,7 +185,7 @@ KEYS: tuple[LacunaKey, ...] = (
         "attack.pct_resurfaced_of_forgotten",
         transform="rounded",
         notes=(*_PROBE, "rounded"),
-    ),  # fmt: skip
+    ),
 )
 
 
@@ -272,13 +274,13 @@ def _write(
     (an entry without the attack has no leakage figures to write)."""
     from lacuna_metrics import package_versions, schema_stamp, write_json
 
-    if not set(keys.values()) - {"field"}:
+    if not set(keys.values()) - {_FIELD}:
         return []
     used = dict.fromkeys(n for spec in KEYS if spec.file == path.name and spec.key in keys for n in spec.notes)
     sidecar = path.with_name(path.stem + ".provenance.json")
     provenance = {
         "schema": schema_stamp("lacuna_files"),
-        "written_by": f"lacuna-bench {package_versions(('lacuna-bench',))['lacuna-bench']}",
+        "written_by": f"lacuna-bench {package_versions()['lacuna-bench']}",
         "lacuna_file": path.name,
         **origin,
         "keys": dict(keys),
@@ -302,7 +304,7 @@ def run_lacuna_files(results: Mapping[str, Any], out: str | Path) -> list[Path]:
     written: list[Path] = []
     for field, field_out in by_field.items():
         for method, entry in (field_out.get("methods") or {}).items():
-            doc = {**entry, "field": field}
+            doc = {**entry, _FIELD: field}
             where = {"field": lacuna_field(field), "method": lacuna_method(method)}
             origin = {
                 "source": "results.json",
