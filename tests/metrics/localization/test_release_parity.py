@@ -24,6 +24,7 @@ import numpy as np
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
+from scipy.stats import rankdata
 from sklearn.linear_model import LogisticRegression
 from sklearn.metrics import roc_auc_score
 from sklearn.model_selection import cross_val_predict
@@ -445,6 +446,30 @@ def test_sigma_pools_differ_by_olmo2_qk_norms(scored, references, norm_free):
             theirs = mann_whitney(np.concatenate(references[target].scores[family]), y)
             PARITY.setdefault("sigma", {})[(target, family)] = ours - theirs
             assert 0 < abs(ours - theirs) < 0.05, (target, family, ours, theirs)
+
+
+def average_qtile(x: np.ndarray) -> np.ndarray:
+    """lacuna-bench's default qtile: tied values share their average rank."""
+    return ((rankdata(x, method="average") - 1) / max(1, x.size - 1)).astype(np.float32)
+
+
+def test_average_ties_differ_from_the_authors_index_order(release, references, tmp_path):
+    """Without --qtile-ties ordinal (lacuna-bench's default, and lacuna run's), tied |δ| share their average rank:
+    qtile, crossfield and the per-layer AUCs then differ from the authors' by the tie rule alone (40% of |δ| are
+    zero here, one bf16 tie group per tensor)."""
+    argv = ("--qtile-ties", "average", "--scores", "qtile,crossfield", "--composite-samples", "0")
+    got = lacuna_score(release, tmp_path / "average", extra=argv)
+    it = release.weights(release.masked / "intruction_tuned")
+    runs = [release.weights(release.run(release.masked, f)) for f in FIELD_DIRS]
+    for target, ref in references.items():
+        y = np.concatenate(ref.labels)
+        cross = [np.minimum.reduce([average_qtile(np.abs(r[n] - it[n])) for r in runs]) for n in ref.names]
+        averaged = {"qtile": [average_qtile(d) for d in ref.scores["raw"]], "crossfield": cross}
+        for family in ("qtile", "crossfield"):
+            ours = got["auc"][target][family]
+            assert ours == pytest.approx(mann_whitney(np.concatenate(averaged[family]), y), abs=1e-12)
+            PARITY.setdefault("ties", {})[(target, family)] = ours - mann_whitney(np.concatenate(ref.scores[family]), y)
+            assert abs(PARITY["ties"][target, family]) > 1e-4, (target, family)
 
 
 def test_the_authors_histogram_against_exact_auc(references):
