@@ -145,7 +145,8 @@ def _score(
     manifest: Mapping[str, Any],
 ) -> dict[str, Any]:
     """The score stage of one unlearned model (``lacuna score``: AUCs with null calibration, FRAG, L2, per layer)
-    as the entry's ``score_checkpoint``, ``auc``, ``frag``, ``l2``, ``per_layer`` and ``baseline_auc``."""
+    as the entry's ``score_checkpoint``, ``auc``, ``frag``, ``l2``, ``per_layer``, ``precision_at_k``,
+    ``localization_settings``, ``not_applicable`` and ``baseline_auc``."""
     from lacuna_metrics import SCHEMA_VERSION as SCORE_SCHEMA_VERSION
     from lacuna_metrics import LocalizationConfig, score_to_dir
 
@@ -204,6 +205,11 @@ def _score(
         "frag": (score.get("frag") or {}).get("frag"),
         "l2": (score.get("distance") or {}).get("l2"),
         "per_layer": [{k: row[k] for k in ("layer", "component", "update_mass", "auc")} for row in score["per_layer"]],
+        # top-k shares per family (LACUNA's p@k), tie rule and absent families: the LACUNA-named precision files
+        # read them (docs/release.md)
+        "precision_at_k": score.get("precision_at_k"),
+        "localization_settings": score.get("localization_settings"),
+        "not_applicable": score.get("not_applicable"),
         "baseline_auc": score.get("baselines"),  # the testbed's, the same for every method: moved up
     }
 

@@ -74,6 +74,51 @@ METRIC_TABLE: dict[str, MetricSpec] = {
     "em": MetricSpec("exact-match memorization", "behaviour.em", "forget_memorization", "em"),
     "es": MetricSpec("extraction strength", "behaviour.es", "forget_memorization", "es"),
     "prob": MetricSpec("answer probability", "behaviour.prob", "forget_memorization", "prob"),
+    # the twins LACUNA's Panorama evaluation reports too (docs/release.md): retain rows (in the field's task group),
+    # and both sides' paraphrased rows (tasks *_paraphrased_memorization, run when eval.tasks names them)
+    "retain_em": MetricSpec(
+        "exact-match memorization, retain rows", "behaviour.retain_em", "retain_memorization", "em"
+    ),
+    "retain_es": MetricSpec("extraction strength, retain rows", "behaviour.retain_es", "retain_memorization", "es"),
+    "retain_prob": MetricSpec(
+        "answer probability, retain rows", "behaviour.retain_prob", "retain_memorization", "prob"
+    ),
+    "forget_paraphrased_em": MetricSpec(
+        "exact-match memorization, paraphrased forget rows",
+        "behaviour.forget_paraphrased_em",
+        "forget_paraphrased_memorization",
+        "em",
+    ),
+    "forget_paraphrased_es": MetricSpec(
+        "extraction strength, paraphrased forget rows",
+        "behaviour.forget_paraphrased_es",
+        "forget_paraphrased_memorization",
+        "es",
+    ),
+    "forget_paraphrased_prob": MetricSpec(
+        "answer probability, paraphrased forget rows",
+        "behaviour.forget_paraphrased_prob",
+        "forget_paraphrased_memorization",
+        "prob",
+    ),
+    "retain_paraphrased_em": MetricSpec(
+        "exact-match memorization, paraphrased retain rows",
+        "behaviour.retain_paraphrased_em",
+        "retain_paraphrased_memorization",
+        "em",
+    ),
+    "retain_paraphrased_es": MetricSpec(
+        "extraction strength, paraphrased retain rows",
+        "behaviour.retain_paraphrased_es",
+        "retain_paraphrased_memorization",
+        "es",
+    ),
+    "retain_paraphrased_prob": MetricSpec(
+        "answer probability, paraphrased retain rows",
+        "behaviour.retain_paraphrased_prob",
+        "retain_paraphrased_memorization",
+        "prob",
+    ),
     "neutral_ppl_ratio": MetricSpec(
         "neutral-text word perplexity after / before unlearning (held-out prose)", "behaviour.neutral_ppl_ratio"
     ),

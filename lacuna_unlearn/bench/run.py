@@ -178,6 +178,7 @@ def run_benchmark(
 
 def _run_locked(out: Path, cfg: dict[str, Any], log: Callable[[str], None]) -> dict[str, Any]:
     from lacuna_metrics import build_manifest, publish_together, write_json
+    from lacuna_unlearn.bench.report.lacuna_keys import run_lacuna_files
     from lacuna_unlearn.bench.report.markdown import write_run_report
 
     started = time.time()
@@ -274,5 +275,6 @@ def _run_locked(out: Path, cfg: dict[str, Any], log: Callable[[str], None]) -> d
     )
     with publish_together(out) as staging:  # results.json, report.md and plots/ appear together
         write_run_report(staging, results)
+        run_lacuna_files(results, staging / "lacuna")  # the same results in LACUNA's names (docs/release.md)
         write_json(staging / "results.json", results)
     return results

@@ -586,6 +586,10 @@ CASES: dict[str, Case] = {
     "unwritable-output/score-out-under-a-file": C(
         lambda i, o: [*_score(i, o), "--out", str(i.a_file / "x")], lambda i, o: ["--out", str(i.a_file)]
     ),
+    "unwritable-output/score-lacuna-files-layout-under-a-file": C(
+        lambda i, o: [*_score(i, o), "--lacuna-files", str(i.a_file / "{target}" / "Email_Address" / "SimNPO")],
+        lambda i, o: ["--lacuna-files", str(i.a_file)],
+    ),
     "unwritable-output/score-activation-cache-under-a-file": C(
         lambda i, o: [*_score(i, o), "--activation-cache", str(i.a_file / "cache")],
         lambda i, o: ["--activation-cache", str(i.a_file)],

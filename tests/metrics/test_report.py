@@ -452,10 +452,15 @@ def test_behaviour_counts_the_fields_persons(tmp_path):
         "lacuna_phone_forget_qa": {"leak_rate": 0.2},
         "lacuna_phone_retain_qa": {"accuracy": 1.0},
         "lacuna_phone_forget_memorization": {"em": 0.5, "es": 0.5, "prob": 0.3},
+        "lacuna_phone_retain_memorization": {"em": 0.9, "es": 0.8, "prob": 0.7},
     }
     got = behaviour(results, "phone", data)
     assert got["forget_leak"] == 0.2 and forget == 5
     assert got["n"]["forget_leak"] == got["n"]["em"] == forget and got["n"]["retain_accuracy"] == retain
+    # the retain twins LACUNA's Panorama summary reports too; the paraphrased ones did not run
+    assert (got["retain_em"], got["retain_es"], got["retain_prob"]) == (0.9, 0.8, 0.7)
+    assert got["n"]["retain_em"] == retain and got["forget_paraphrased_em"] is None
+    assert got["n"]["retain_paraphrased_prob"] is None
     assert got["n"]["j_w"] is None and got["n"]["retain_j_avg"] is None  # tasks that did not run
     assert "n" not in behaviour(results, "phone")  # no data: no counts (the old shape)
 

@@ -171,6 +171,10 @@ def check_score(args: argparse.Namespace) -> None:
     if args.activation_cache:
         writable("--activation-cache", args.activation_cache, directory=True)
     writable("--out", args.out or Path(args.after) / "lacuna_score", directory=True)
+    if args.lacuna_files:  # a {target} layout: its root must be writable
+        from lacuna_unlearn.bench.report.lacuna_keys import split_layout
+
+        writable("--lacuna-files", split_layout(args.lacuna_files)[0], directory=True)
 
 
 def calib_fields(value: str | None) -> list[str] | None:

@@ -145,11 +145,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "were built for another model); masks that record none are always scored, with a warning",
     )
     parser.add_argument("--plots", action="store_true", help="also write plots/roc.png and plots/layers.png")
+    parser.add_argument(
+        "--lacuna-files",
+        help="where to write the precision results in LACUNA's key names: DIR/{forget,unified}/metrics.json with "
+        "provenance sidecars (default: OUT/lacuna); a DIR holding {target} is a layout, e.g. "
+        "ROOT/cached_notebook_files/precision_metrics/{target}/Email_Address/SimNPO as LACUNA's scripts write it "
+        "(docs/release.md)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
     check_score(args)
-    from lacuna_metrics import SCORES, LocalizationConfig, markdown_summary, score_to_dir, update_warning
+    from lacuna_metrics import (
+        SCORES,
+        LocalizationConfig,
+        markdown_summary,
+        publish_together,
+        score_to_dir,
+        update_warning,
+    )
+    from lacuna_unlearn.bench.report.lacuna_keys import LACUNA_TARGETS, score_lacuna_files, split_layout
 
     if not args.no_frag and args.frag_target is not None:
         from lacuna_metrics import check_target
@@ -189,6 +204,10 @@ def run(args: argparse.Namespace) -> int:
     )
 
     result = json.loads((written / "score.json").read_text())
+    lacuna_dir, layout = split_layout(args.lacuna_files) if args.lacuna_files else (written / "lacuna", "{target}")
+    with publish_together(lacuna_dir) as staging:  # both targets' files appear together
+        source = str((written / "score.json").resolve())
+        lacuna_files = score_lacuna_files(result, staging, layout=layout, source=source)
     print(markdown_summary(result))
     coverage = (result.get("frag") or {}).get("coverage") or {}
     if coverage.get("warning"):
@@ -196,4 +215,6 @@ def run(args: argparse.Namespace) -> int:
     if warning := update_warning(result):
         print(f"lacuna: warning: {warning}", file=sys.stderr)
     print(f"wrote {written / 'score.json'} and {written / 'score.md'}" + (" and plots/" if args.plots else ""))
+    if lacuna_files:
+        print(f"wrote LACUNA's precision metrics.json for {', '.join(LACUNA_TARGETS)} under {lacuna_dir / layout}")
     return 0

@@ -8,13 +8,13 @@ runs) on real files: tiny safetensors checkpoints with a config, real mask files
 and two go through the real ``lm_eval`` command: tests/e2e/test_bad_input_console_scripts.py.
 ``SHOW_ERRORS=1 pytest -s -k refused`` prints every message with its time.
 
-``CASES`` (162, ids ``class/command-what``): missing path 21, unwritable output 14, malformed JSON/YAML 9, unknown
+``CASES`` (163, ids ``class/command-what``): missing path 21, unwritable output 15, malformed JSON/YAML 9, unknown
 key 15, bad value 28, mismatched checkpoints 4, bad masks 7, bad tensors 5, bad data 10 (issue 36: LACUNA's released data
 directory broken four ways in 5 cases, a directory in neither layout; +2 through ``lm_eval``),
 faults 34 (issue 37 item 6: a full disk 7, data that is not UTF-8 10, unreadable data 4, a path through a symlink
 loop 13; a full disk is simulated by :func:`~helpers.bad_input_cases.full_disk`, a denied read as root by
 ``deny_reads``), a flag and ``--set`` with different values 15 (issue 37 item 5: ``precedence/*``).
-By command: score 42 (bad masks and tensors included), attack 43, gate 15, diagnose 13, reversibility 11,
+By command: score 43 (bad masks and tensors included), attack 43, gate 15, diagnose 13, reversibility 11,
 build-testbed 11, run 19, demo 6, data generate 2. Below them: the accepted counterparts (a flag and ``--set``
 agreeing, ``--set`` alone filling a flag) and the lm-eval tasks on unreadable data (2).
 ``tests/e2e/test_bad_input.py`` holds 18 more (``lacuna-unlearn`` 10, ``lacuna run`` 8), as subprocesses;
