@@ -44,7 +44,7 @@ from lacuna_tasks.schema import FIELDS, QA_COLUMNS, LacunaDataError, validate_ro
 CARD_NAME = "README.md"
 DATA_SUBDIR = "data"
 #: A field's config name in the release: its column with spaces as underscores and the apostrophe dropped.
-FIELD_CONFIGS: dict[str, str] = {f.column.replace(" ", "_").replace("'", ""): f.column for f in FIELDS.values()}
+FIELD_CONFIGS: dict[str, str] = {f.config: f.column for f in FIELDS.values()}
 VALIDATION_PREFIX = "validation_"
 RELEARN_CONFIG = "relearn"
 #: The release's split names, most specific first: ``<Config>_<split>.parquet`` is classified by its longest match.

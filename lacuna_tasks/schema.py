@@ -44,6 +44,12 @@ class Field:
     noun: str  # lower-case noun used in paraphrase templates ("email address")
     digits_match: bool  # also compare digits only (phone numbers, licence numbers)
 
+    @property
+    def config(self) -> str:
+        """LACUNA's config name of the field (``Email_Address``, ``Drivers_License``): the PANORAMA column without
+        the apostrophe, spaces as underscores, as the release names its data configs and output directories."""
+        return self.column.replace("'", "").replace(" ", "_")
+
 
 FIELDS: dict[str, Field] = {
     "email": Field("email", "Email Address", "email address", False),

@@ -194,7 +194,7 @@ def lacuna_field(field: str) -> str:
     without the apostrophe, spaces as underscores, as LACUNA's data configs and output directories name it."""
     from lacuna_tasks import get_field
 
-    return get_field(field).column.replace("'", "").replace(" ", "_")
+    return get_field(field).config
 
 
 #: lacuna-bench method -> the directory LACUNA's scripts write it to (``precision_metrics.py``'s ``DIR_NAMES``,
