@@ -432,7 +432,9 @@ def unlearn(
                 if _digest(current) != frozen["sha256"]:
                     raise RuntimeError(f"freeze_embeddings: {frozen['parameter']} changed during training")
                 frozen["unchanged"] = True
+        adapters, checkpointing = None, _checkpointing_engaged(trainer.model)
         if lora is not None:
+            adapters = _adapters_moved(trainer.model)
             model = lora.merge(trainer.model)
         # Sharded weights are gathered on every rank (a collective), then written by rank 0.
         full_state = trainer.accelerator.get_state_dict(trainer.model) if trainer.is_fsdp_enabled else None
@@ -453,6 +455,8 @@ def unlearn(
                     freeze_embeddings={k: v for k, v in frozen.items() if k != "weight"} if frozen else None,
                     labels=labels_info,
                     lora=asdict(lora) if lora is not None else None,
+                    lora_adapters=adapters,
+                    activation_checkpointing=checkpointing,
                     eval={"rows": len(evaluation), "steps": eval_steps, "best": trainer.state.best_metric}
                     if evaluation is not None
                     else None,
@@ -485,6 +489,26 @@ def unlearn(
         shutil.rmtree(partial, ignore_errors=True)
         raise
     return out
+
+
+def _checkpointing_engaged(model: torch.nn.Module) -> bool:
+    """Whether any layer of ``model`` runs with activation (gradient) checkpointing, as transformers tells it."""
+    return any(getattr(m, "gradient_checkpointing", False) is True for m in model.modules())
+
+
+def _adapters_moved(model: torch.nn.Module) -> dict[str, int]:
+    """How many LoRA B matrices left their zero initialisation: with none, the adapters (and the merged model) are
+    unchanged, the silent failure of LoRA under gradient checkpointing without input gradients (OpenUnlearning
+    #178). Warns then; a schedule with no effective step (learning rate 0) can cause it too."""
+    b = [p for n, p in model.named_parameters() if ".lora_B." in n]
+    moved = sum(bool(p.detach().ne(0).any()) for p in b)
+    if b and not moved:
+        warnings.warn(
+            f"LoRA: none of the {len(b)} B matrices moved from zero: the adapters trained nothing and the saved model "
+            "equals the input",
+            stacklevel=2,
+        )
+    return {"b_matrices": len(b), "b_moved": moved}
 
 
 def _alternate(data: QADataset, answer_ids: Sequence[int] | None) -> QADataset | None:
