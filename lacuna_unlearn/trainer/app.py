@@ -146,6 +146,7 @@ def preflight(cfg: Any) -> None:
     in a second, not after the model has loaded."""
     import dataclasses
     import os
+    import warnings
 
     from omegaconf import OmegaConf
 
@@ -202,6 +203,7 @@ def preflight(cfg: Any) -> None:
             if key not in theirs:
                 raise ValueError(f"trainer.args.{key}: not a TrainingArguments setting")
             defaults[key] = theirs[key]
+    from lacuna_unlearn.trainer.reporting import resolve_report_to
     from lacuna_unlearn.trainer.schedule import check_min_lr_ratio
 
     check_min_lr_ratio(args.get("min_lr_ratio"), args.get("lr_scheduler_type"))
@@ -213,6 +215,9 @@ def preflight(cfg: Any) -> None:
             check_value(f"trainer.args.{key}", int, value)
         elif isinstance(default, (int, float)):
             check_value(f"trainer.args.{key}", float, value)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # report_to=all with nothing local installed: the run itself warns once
+        resolve_report_to(args.get("report_to", "none"), args.get("logging_dir"))
     # Last: the data selection's keys (lacuna_unlearn.qa.unlearn_data imports torch, which run() needs next anyway).
     from lacuna_unlearn.qa.unlearn_data import check_unlearning_splits, validate_retain_field
 

@@ -10,7 +10,8 @@ weights and merges them before saving; ``eval_rows`` holds out QA rows whose los
 embeddings out of the optimizer and checks they come out bit-identical (LACUNA's relearning freezes ``embed_tokens``,
 docs/definitions.md#masked-continual-pretraining; the ``attack=relearn*`` presets turn it on). ``append_eos`` ends every
 labelled answer with EOS (OpenUnlearning and LACUNA; :func:`lacuna_unlearn.qa.unlearn_data.encode_qa`). The manifest
-records both.
+records both. ``train.report_to`` names the experiment trackers the Trainer logs to (none by default,
+:mod:`lacuna_unlearn.trainer.reporting`).
 
 Distributed (``docs/distributed.md``): DDP as is; FSDP2 (``accelerate launch --use_fsdp --fsdp_version 2``)
 with restrictions exact on the sharded DTensor parameters (masks cut to each rank's shard, checked on the
@@ -40,6 +41,7 @@ from lacuna_unlearn.lora import LoraSettings
 from lacuna_unlearn.methods import Method
 from lacuna_unlearn.qa.encoding import leading_special_ids
 from lacuna_unlearn.qa.unlearn_data import ForgetRetainDataset, QADataset, collate_forget_retain, eos_appended
+from lacuna_unlearn.trainer.reporting import resolve_report_to
 from lacuna_unlearn.trainer.restrict import exempt_from_decay
 from lacuna_unlearn.trainer.schedule import check_min_lr_ratio, warmup_cosine_factor
 
@@ -217,6 +219,8 @@ class TrainConfig:
     snapshot_spacing: str = "linear"  # or "log": dense early (snapshot_steps)
     snapshot_steps: list[int] = field(default_factory=list)  # also keep these steps
     stop_at_step: int = 0  # > 0: stop after this step, on the full schedule's learning rates
+    report_to: str | list[str] = "none"  # HF integrations (tensorboard, wandb, trackio ...); reporting.py
+    logging_dir: str | None = None  # TensorBoard's event files (None: $TENSORBOARD_LOGGING_DIR, else OUT/logs)
     extra: dict[str, Any] = field(default_factory=dict)  # any other TrainingArguments
 
 
@@ -270,6 +274,7 @@ def unlearn(
     out = Path(out_dir)
     if out.exists() and not force:
         raise FileExistsError(f"{out} exists; pass force=True (--force / force=true) to overwrite")
+    report = _reporting(train)
     partial = out.with_name(out.name + ".partial")
     shutil.rmtree(partial, ignore_errors=True)
     started = time.time()
@@ -359,12 +364,14 @@ def unlearn(
         warmup_steps=train.warmup_steps,
         seed=train.seed,
         remove_unused_columns=False,  # batches are nested {"forget": ..., "retain": ...}
-        report_to=[],
+        report_to=report,
         logging_steps=1,
         use_cpu=not torch.cuda.is_available(),
         dataloader_pin_memory=False,
-        **{**holdout, **_checkpointing_args(train.extra)},  # any TrainingArguments the config names win
+        # the trackers' run name: the output directory's (a set trainer.args.run_name wins, as any named argument)
+        **{"run_name": out.name, **holdout, **_checkpointing_args(train.extra)},
     )
+    args.report_to = report  # exactly what was named: transformers adds kubeflow by itself inside a Kubeflow job
     if lora is None:
         groups = param_groups(model, resolved, train.weight_decay)
     else:  # only the adapters train
@@ -386,6 +393,7 @@ def unlearn(
         frozen=[frozen["weight"]] if frozen is not None else (),
         min_lr_ratio=train.min_lr_ratio,
     )
+    logging_dir = _point_tensorboard(trainer, train, report, partial, out)
     if ref_model is not None:
         ref_model.to(args.device)
     if int(train.stop_at_step) < 0:
@@ -457,6 +465,7 @@ def unlearn(
                     lora=asdict(lora) if lora is not None else None,
                     lora_adapters=adapters,
                     activation_checkpointing=checkpointing,
+                    reporting={"report_to": report, "logging_dir": logging_dir, "run_name": args.run_name},
                     eval={"rows": len(evaluation), "steps": eval_steps, "best": trainer.state.best_metric}
                     if evaluation is not None
                     else None,
@@ -489,6 +498,34 @@ def unlearn(
         shutil.rmtree(partial, ignore_errors=True)
         raise
     return out
+
+
+def _reporting(train: TrainConfig) -> list[str]:
+    """``train.report_to`` resolved (:func:`~lacuna_unlearn.trainer.reporting.resolve_report_to`) and checked against
+    the integrations this transformers has; ``logging_dir`` only where TensorBoard writes."""
+    from transformers.integrations.integration_utils import INTEGRATION_TO_CALLBACK
+
+    report = resolve_report_to(train.report_to, train.logging_dir)
+    for name in report:
+        if name not in INTEGRATION_TO_CALLBACK:
+            raise ValueError(f"trainer.args.report_to: this transformers has no {name} integration (upgrade it)")
+    return report
+
+
+def _point_tensorboard(trainer: Trainer, train: TrainConfig, report: list[str], partial: Path, out: Path) -> str | None:
+    """Where TensorBoard writes: ``train.logging_dir``, else ``$TENSORBOARD_LOGGING_DIR``, else ``OUT/logs`` (written
+    as ``OUT.partial/logs``, renamed with the model; transformers' own default is under the trainer's scratch
+    directory, deleted at the end). None without TensorBoard; else the path as it is after the run."""
+    if "tensorboard" not in report:
+        return None
+    from transformers.integrations import TensorBoardCallback
+
+    given = train.logging_dir or os.environ.get("TENSORBOARD_LOGGING_DIR")
+    where = os.path.expanduser(given) if given else str(partial / "logs")
+    for callback in trainer.callback_handler.callbacks:
+        if isinstance(callback, TensorBoardCallback):
+            callback.logging_dir = where
+    return where if given else str(out / "logs")
 
 
 def _checkpointing_engaged(model: torch.nn.Module) -> bool:
