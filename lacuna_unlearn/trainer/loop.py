@@ -10,8 +10,9 @@ weights and merges them before saving; ``eval_rows`` holds out QA rows whose los
 embeddings out of the optimizer and checks they come out bit-identical (LACUNA's relearning freezes ``embed_tokens``,
 docs/definitions.md#masked-continual-pretraining; the ``attack=relearn*`` presets turn it on). ``append_eos`` ends every
 labelled answer with EOS (OpenUnlearning and LACUNA; :func:`lacuna_unlearn.qa.unlearn_data.encode_qa`). The manifest
-records both. ``train.report_to`` names the experiment trackers the Trainer logs to (none by default,
-:mod:`lacuna_unlearn.trainer.reporting`).
+records both. ``train.eval_every`` evaluates the model on the validation people every N optimizer steps and saves the
+best step by ``train.best_by`` (:mod:`lacuna_unlearn.trainer.evaluation`); ``train.report_to`` names the experiment
+trackers the Trainer logs to (none by default, :mod:`lacuna_unlearn.trainer.reporting`).
 
 Distributed (``docs/distributed.md``): DDP as is; FSDP2 (``accelerate launch --use_fsdp --fsdp_version 2``)
 with restrictions exact on the sharded DTensor parameters (masks cut to each rank's shard, checked on the
@@ -41,9 +42,11 @@ from lacuna_unlearn.lora import LoraSettings
 from lacuna_unlearn.methods import Method
 from lacuna_unlearn.qa.encoding import leading_special_ids
 from lacuna_unlearn.qa.unlearn_data import ForgetRetainDataset, QADataset, collate_forget_retain, eos_appended
+from lacuna_unlearn.trainer.evaluation import BestCheckpoint, validation_leak, validation_loss
 from lacuna_unlearn.trainer.reporting import resolve_report_to
 from lacuna_unlearn.trainer.restrict import exempt_from_decay
 from lacuna_unlearn.trainer.schedule import check_min_lr_ratio, warmup_cosine_factor
+from lacuna_unlearn.trainer.selection import check_evaluation
 
 __all__ = ["TrainConfig", "UnlearnTrainer", "freeze_input_embeddings", "unlearn"]
 
@@ -221,6 +224,8 @@ class TrainConfig:
     stop_at_step: int = 0  # > 0: stop after this step, on the full schedule's learning rates
     report_to: str | list[str] = "none"  # HF integrations (tensorboard, wandb, trackio ...); reporting.py
     logging_dir: str | None = None  # TensorBoard's event files (None: $TENSORBOARD_LOGGING_DIR, else OUT/logs)
+    eval_every: int = 0  # > 0: evaluate on the validation people every N optimizer steps, keep the best step
+    best_by: str = "validation_leak"  # the criterion of that choice (selection.BEST_BY)
     extra: dict[str, Any] = field(default_factory=dict)  # any other TrainingArguments
 
 
@@ -252,9 +257,12 @@ def unlearn(
     eval_steps: int = 25,
     freeze_embeddings: bool = False,
     append_eos: bool = True,
+    validation_rows: Sequence[Mapping[str, Any]] | None = None,
 ) -> Path:
     """Unlearn ``forget_rows`` from the checkpoint at ``model_dir``; return the output directory.
 
+    ``validation_rows``: the validation people's QA rows that ``train.eval_every`` evaluates on (the saved model is
+    then the best evaluated step's by ``train.best_by``, :mod:`lacuna_unlearn.trainer.evaluation`).
     ``freeze_embeddings``: the input embeddings stay frozen (out of the optimizer, checked bit-identical after
     training; a tied LM head is frozen with them), as LACUNA's relearning; the relearning attacks set it.
     ``append_eos``: labels end with the tokenizer's EOS after `` answer\\n`` (OpenUnlearning/LACUNA; none if the
@@ -275,6 +283,7 @@ def unlearn(
     if out.exists() and not force:
         raise FileExistsError(f"{out} exists; pass force=True (--force / force=true) to overwrite")
     report = _reporting(train)
+    _check_evaluation(train, validation_rows, eval_rows)
     partial = out.with_name(out.name + ".partial")
     shutil.rmtree(partial, ignore_errors=True)
     started = time.time()
@@ -333,6 +342,11 @@ def unlearn(
     handle = apply_restriction(model, resolved)
     evaluation = (
         QADataset(eval_rows, tokenizer, train.max_length, name="eval", append_eos=append_eos) if eval_rows else None
+    )
+    validation = (
+        QADataset(validation_rows, tokenizer, train.max_length, name="validation", append_eos=append_eos)
+        if train.eval_every
+        else None
     )
     holdout = (
         {
@@ -426,9 +440,21 @@ def unlearn(
                 extra=extra_steps,
             )
         )  # fmt: skip
+    best = None
+    if validation is not None:
+        if trainer.is_fsdp_enabled:
+            raise ValueError("trainer.args.eval_every is not supported under FSDP (sharded weights)")
+        best = BestCheckpoint(
+            train.eval_every,
+            train.best_by,
+            _criterion(train.best_by, tokenizer, validation_rows, validation, pad_id, args.per_device_eval_batch_size),
+            trainer.log,
+        )
+        trainer.add_callback(best)  # after StopAtStep: the step it stops at is evaluated
     try:
         distributed = _distributed_setup(trainer, checked=checked, restrict=restrict, lora=lora is not None)
         result = trainer.train()
+        kept = best.restore(trainer.model) if best is not None else None  # the checks below then read the kept step
         handle.remove()
         moved = check_unchanged(before, trainer.model, resolved) if before is not None else []
         if moved:
@@ -469,6 +495,14 @@ def unlearn(
                     eval={"rows": len(evaluation), "steps": eval_steps, "best": trainer.state.best_metric}
                     if evaluation is not None
                     else None,
+                    best_checkpoint=None
+                    if kept is None
+                    else {
+                        **kept,
+                        "rows": len(validation),
+                        "people": len({(str(r["ID"]), str(r["field"])) for r in validation_rows or ()}),
+                        "final_step": trainer.state.global_step,
+                    },
                     restriction=stats,
                     located=None
                     if located is None
@@ -526,6 +560,44 @@ def _point_tensorboard(trainer: Trainer, train: TrainConfig, report: list[str], 
         if isinstance(callback, TensorBoardCallback):
             callback.logging_dir = where
     return where if given else str(out / "logs")
+
+
+def _check_evaluation(
+    train: TrainConfig,
+    validation_rows: Sequence[Mapping[str, Any]] | None,
+    eval_rows: Sequence[Mapping[str, Any]] | None,
+) -> None:
+    """``train.eval_every`` / ``train.best_by`` checked before anything loads (:func:`check_evaluation`) and, when
+    on, validation rows to compute the criterion on and no second best-checkpoint rule (an attack's held-out rows)."""
+    if not check_evaluation(train.eval_every, train.best_by):
+        return
+    if eval_rows:
+        raise ValueError(
+            "trainer.args.eval_every: this run already keeps its best checkpoint by eval loss on held-out rows "
+            "(attack=..., eval_fraction); set trainer.args.eval_every=0"
+        )
+    if not validation_rows:
+        raise ValueError(
+            f"trainer.args.best_by={train.best_by} needs the validation people's QA rows (the data's validation "
+            "split for the run's field); none were given"
+        )
+
+
+def _criterion(
+    name: str,
+    tokenizer: Any,
+    rows: Sequence[Mapping[str, Any]],
+    data: QADataset,
+    pad_id: int,
+    batch_size: int,
+) -> Callable[[torch.nn.Module], float]:
+    """The measurement of ``trainer.args.best_by`` ``name`` on a model (:mod:`lacuna_unlearn.trainer.evaluation`)."""
+    if name == "eval_loss":
+        return lambda model: validation_loss(model, data, pad_id, batch_size=batch_size)
+    if tokenizer.pad_token is None:  # prompts are batched with padding: EOS pads them, as in the training batches
+        tokenizer = copy.deepcopy(tokenizer)
+        tokenizer.pad_token = tokenizer.eos_token
+    return lambda model: validation_leak(model, tokenizer, rows, batch_size=batch_size)
 
 
 def _checkpointing_engaged(model: torch.nn.Module) -> bool:

@@ -102,13 +102,14 @@ def test_tensorboard_event_files_are_kept_with_the_model(world, tmp_path):
     arch = make_arch("llama", world)
     out = _unlearn(
         world, arch, tmp_path / "tb", "method=grad_diff", "trainer.args.report_to=tensorboard", "trainer.args.max_steps=2",
+        "trainer.args.eval_every=1", "trainer.args.best_by=eval_loss",
     )  # fmt: skip
     manifest = json.loads((out / "unlearn_manifest.json").read_text())
     assert manifest["reporting"]["report_to"] == ["tensorboard"] and manifest["reporting"]["logging_dir"] == str(
         out / "logs"
     )
     events = b"".join(p.read_bytes() for p in (out / "logs").rglob("events.out.tfevents.*"))
-    assert b"train/loss" in events  # the steps' losses
+    assert b"train/loss" in events and b"eval/loss" in events  # the steps' losses and the evaluations' values
     elsewhere = tmp_path / "runs" / "tb"
     out = _unlearn(
         world, arch, tmp_path / "tb2", "method=grad_diff", "trainer.args.report_to=[tensorboard]",
