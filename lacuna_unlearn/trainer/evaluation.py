@@ -68,9 +68,10 @@ def validation_loss(model: Any, data: QADataset, pad_id: int, *, batch_size: int
 
 class BestCheckpoint(TrainerCallback):
     """Evaluates ``measure(model)`` after every ``every``-th optimizer step and after the last one, logs it as
-    ``eval_<criterion>`` (``eval_loss`` as is; so ``report_to`` integrations see it), and keeps a CPU copy of the trainable parameters of
-    the best step so far (:func:`best_step`: lowest value, earliest of equals). :meth:`restore` puts them back after
-    training. The model is evaluated in eval mode (no dropout) and handed back in the mode it was in."""
+    ``eval_<criterion>`` (``eval_loss`` as is) so ``report_to`` integrations see it, and keeps a CPU copy of the
+    trainable parameters of the best step so far (:func:`best_step`: lowest value, earliest of equals);
+    :meth:`restore` puts them back after training. The model is evaluated in eval mode (no dropout) and handed back
+    in the mode it was in."""
 
     def __init__(
         self,
