@@ -165,8 +165,8 @@ def test_under_lora_the_kept_step_is_merged(world, tmp_path):
     step's, as its merged snapshot."""
     arch = make_arch("gpt2", world)
     out = _unlearn(
-        world, arch, tmp_path / "out", "method=grad_ascent", "lora.enabled=true", "lora.r=2", "trainer.args.max_steps=3",
-        "trainer.args.eval_every=1", "trainer.args.best_by=eval_loss", "trainer.args.snapshot_steps=[1,2,3]",
+        world, arch, tmp_path / "out", "method=grad_ascent", "lora.enabled=true", "lora.r=2",
+        "trainer.args.max_steps=3", "trainer.args.eval_every=1", "trainer.args.best_by=eval_loss", "trainer.args.snapshot_steps=[1,2,3]",
     )  # fmt: skip
     manifest = json.loads((out / "unlearn_manifest.json").read_text())
     best = manifest["best_checkpoint"]

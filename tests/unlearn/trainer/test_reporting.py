@@ -101,8 +101,8 @@ def test_by_default_a_run_reports_nowhere_and_names_its_run(world, tmp_path):
 def test_tensorboard_event_files_are_kept_with_the_model(world, tmp_path):
     arch = make_arch("llama", world)
     out = _unlearn(
-        world, arch, tmp_path / "tb", "method=grad_diff", "trainer.args.report_to=tensorboard", "trainer.args.max_steps=2",
-        "trainer.args.eval_every=1", "trainer.args.best_by=eval_loss",
+        world, arch, tmp_path / "tb", "method=grad_diff", "trainer.args.report_to=tensorboard",
+        "trainer.args.max_steps=2", "trainer.args.eval_every=1", "trainer.args.best_by=eval_loss",
     )  # fmt: skip
     manifest = json.loads((out / "unlearn_manifest.json").read_text())
     assert manifest["reporting"]["report_to"] == ["tensorboard"] and manifest["reporting"]["logging_dir"] == str(
