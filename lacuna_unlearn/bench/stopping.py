@@ -30,6 +30,7 @@ from typing import Any
 from lacuna_unlearn.bench.behaviour import behaviour, eval_stage
 from lacuna_unlearn.bench.stages import Stages, output_key
 from lacuna_unlearn.dataclass_config import path_override
+from lacuna_unlearn.trainer.selection import choose_step  # the rule, beside lacuna-unlearn's best_step
 
 __all__ = ["STOP_METRICS", "choose_step", "stopping_point", "validation_view"]
 
@@ -77,20 +78,6 @@ def validation_view(stages: Stages, ctx: Mapping[str, Any]) -> Path:
 
     stage = stages.get("data", "validation people as the forget set", {"testbed": ctx["tb_key"], "view": 4}, build)
     return stage / "data"
-
-
-def choose_step(curve: list[dict[str, Any]], metric: str, threshold: float) -> dict[str, Any]:
-    """The first evaluated step whose ``metric`` is at most ``threshold`` (``reached``), and the evaluated step just
-    before it (``previous``, 0: the start); without one, the last step (``reached`` false)."""
-    points = sorted((p for p in curve if p.get(metric) is not None), key=lambda p: p["step"])
-    if not points:
-        raise ValueError(f"stopping: no snapshot has a {metric!r} value")
-    previous = 0
-    for point in points:
-        if point[metric] <= threshold:
-            return {"step": point["step"], "previous": previous, "reached": True}
-        previous = point["step"]
-    return {"step": points[-1]["step"], "previous": points[-1]["step"], "reached": False}
 
 
 def stopping_point(

@@ -9,6 +9,8 @@ relearning protocols, overridden on the command line as in OpenUnlearning::
         output_dir=runs/mini/unlearn/simnpo_email method.args.beta=3 trainer.args.learning_rate=1e-5
     lacuna-unlearn method=grad_diff testbed=runs/mini field=email retain_field=crossfield output_dir=...
     lacuna-unlearn method=grad_diff lora.enabled=true lora.r=16 testbed=runs/mini output_dir=...
+    lacuna-unlearn method=npo testbed=runs/mini output_dir=... trainer.args.eval_every=5 \\
+        trainer.args.best_by=validation_leak trainer.args.report_to=tensorboard
     lacuna-unlearn attack=relearn source=forget budget=forget testbed=runs/mini \\
         model=runs/mini/unlearn/simnpo_email output_dir=runs/mini/relearn/simnpo_email
 """
@@ -46,6 +48,7 @@ def _run(cfg: Any) -> Path:
     from lacuna_unlearn.methods import make_method
     from lacuna_unlearn.qa.unlearn_data import unlearning_rows
     from lacuna_unlearn.trainer.loop import TrainConfig, unlearn
+    from lacuna_unlearn.trainer.selection import validation_rows
 
     attack = cfg.get("attack")
     # either layout: a lacuna-bench testbed or a regime directory of the LACUNA release (docs/release.md)
@@ -128,6 +131,7 @@ def _run(cfg: Any) -> Path:
         eval_steps=int(cfg.get("eval_steps") or 25),
         freeze_embeddings=bool(cfg.get("freeze_embeddings", False)),
         append_eos=bool(cfg.get("append_eos", True)),
+        validation_rows=validation_rows(data, cfg.field, train.best_by) if train.eval_every else None,
     )
 
 
@@ -140,6 +144,7 @@ _INTEGER_ARGS = frozenset(
         "max_length",
         "snapshots",
         "stop_at_step",
+        "eval_every",
     }
 )
 
@@ -223,6 +228,7 @@ def preflight(cfg: Any) -> None:
             check_value(f"trainer.args.{key}", int, value)
         elif isinstance(default, (int, float)):
             check_value(f"trainer.args.{key}", float, value)
+    _check_reporting_and_evaluation(cfg, args)
     # Last: the data selection's keys (lacuna_unlearn.qa.unlearn_data imports torch, which run() needs next anyway).
     from lacuna_unlearn.qa.unlearn_data import check_unlearning_splits, validate_retain_field
 
@@ -232,7 +238,35 @@ def preflight(cfg: Any) -> None:
     if source:  # bad data (unreadable, not UTF-8, invalid) fails here, before transformers is imported
         from lacuna_tasks import load_data
 
-        load_data(str(source))  # cached: run() reads the same object
+        data = load_data(str(source))  # cached: run() reads the same object
+        if args.get("eval_every"):  # the criterion needs the run's field's validation people
+            from lacuna_unlearn.trainer.selection import validation_rows
+
+            validation_rows(data, cfg.get("field"), args.get("best_by"))
+
+
+def _check_reporting_and_evaluation(cfg: Any, args: dict[str, Any]) -> None:
+    """``trainer.args.report_to`` / ``logging_dir`` / ``eval_every`` / ``best_by`` checked without loading anything:
+    known and installed integrations (``all`` warns in the run, not twice), a known criterion, and no evaluation
+    where nothing trains (an editor) or the run already keeps its best checkpoint (an attack's held-out rows)."""
+    import warnings
+
+    from lacuna_unlearn.trainer.reporting import resolve_report_to
+    from lacuna_unlearn.trainer.selection import check_evaluation
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # report_to=all with nothing local installed: the run itself warns once
+        resolve_report_to(args.get("report_to", "none"), args.get("logging_dir"))
+    every = check_evaluation(args.get("eval_every", 0), args.get("best_by", "validation_leak"))
+    if every and str(cfg.method.get("name")) in EDITORS:
+        raise ValueError(
+            f"trainer.args.eval_every: method={cfg.method.name} edits weights directly (no training steps)"
+        )
+    if every and cfg.get("attack"):
+        raise ValueError(
+            f"trainer.args.eval_every: attack={cfg.attack} already keeps its best checkpoint by eval loss on held-out "
+            "rows (eval_fraction); set trainer.args.eval_every=0"
+        )
 
 
 def _method_defaults(cfg: Any) -> dict[str, Any]:

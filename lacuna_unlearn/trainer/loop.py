@@ -10,7 +10,9 @@ weights and merges them before saving; ``eval_rows`` holds out QA rows whose los
 embeddings out of the optimizer and checks they come out bit-identical (LACUNA's relearning freezes ``embed_tokens``,
 docs/definitions.md#masked-continual-pretraining; the ``attack=relearn*`` presets turn it on). ``append_eos`` ends every
 labelled answer with EOS (OpenUnlearning and LACUNA; :func:`lacuna_unlearn.qa.unlearn_data.encode_qa`). The manifest
-records both.
+records both. ``train.eval_every`` evaluates the model on the validation people every N optimizer steps and saves the
+best step by ``train.best_by`` (:mod:`lacuna_unlearn.trainer.evaluation`); ``train.report_to`` names the experiment
+trackers the Trainer logs to (none by default, :mod:`lacuna_unlearn.trainer.reporting`).
 
 Distributed (``docs/distributed.md``): DDP as is; FSDP2 (``accelerate launch --use_fsdp --fsdp_version 2``)
 with restrictions exact on the sharded DTensor parameters (masks cut to each rank's shard, checked on the
@@ -40,8 +42,11 @@ from lacuna_unlearn.lora import LoraSettings
 from lacuna_unlearn.methods import Method
 from lacuna_unlearn.qa.encoding import leading_special_ids
 from lacuna_unlearn.qa.unlearn_data import ForgetRetainDataset, QADataset, collate_forget_retain, eos_appended
+from lacuna_unlearn.trainer.evaluation import BestCheckpoint, validation_leak, validation_loss
+from lacuna_unlearn.trainer.reporting import resolve_report_to
 from lacuna_unlearn.trainer.restrict import exempt_from_decay
 from lacuna_unlearn.trainer.schedule import check_min_lr_ratio, warmup_cosine_factor
+from lacuna_unlearn.trainer.selection import check_evaluation
 
 __all__ = ["TrainConfig", "UnlearnTrainer", "freeze_input_embeddings", "unlearn"]
 
@@ -217,6 +222,10 @@ class TrainConfig:
     snapshot_spacing: str = "linear"  # or "log": dense early (snapshot_steps)
     snapshot_steps: list[int] = field(default_factory=list)  # also keep these steps
     stop_at_step: int = 0  # > 0: stop after this step, on the full schedule's learning rates
+    report_to: str | list[str] = "none"  # HF integrations (tensorboard, wandb, trackio ...); reporting.py
+    logging_dir: str | None = None  # TensorBoard's event files (None: $TENSORBOARD_LOGGING_DIR, else OUT/logs)
+    eval_every: int = 0  # > 0: evaluate on the validation people every N optimizer steps, keep the best step
+    best_by: str = "validation_leak"  # the criterion of that choice (selection.BEST_BY)
     extra: dict[str, Any] = field(default_factory=dict)  # any other TrainingArguments
 
 
@@ -248,9 +257,12 @@ def unlearn(
     eval_steps: int = 25,
     freeze_embeddings: bool = False,
     append_eos: bool = True,
+    validation_rows: Sequence[Mapping[str, Any]] | None = None,
 ) -> Path:
     """Unlearn ``forget_rows`` from the checkpoint at ``model_dir``; return the output directory.
 
+    ``validation_rows``: the validation people's QA rows that ``train.eval_every`` evaluates on (the saved model is
+    then the best evaluated step's by ``train.best_by``, :mod:`lacuna_unlearn.trainer.evaluation`).
     ``freeze_embeddings``: the input embeddings stay frozen (out of the optimizer, checked bit-identical after
     training; a tied LM head is frozen with them), as LACUNA's relearning; the relearning attacks set it.
     ``append_eos``: labels end with the tokenizer's EOS after `` answer\\n`` (OpenUnlearning/LACUNA; none if the
@@ -270,6 +282,8 @@ def unlearn(
     out = Path(out_dir)
     if out.exists() and not force:
         raise FileExistsError(f"{out} exists; pass force=True (--force / force=true) to overwrite")
+    report = _reporting(train)
+    _check_evaluation(train, validation_rows, eval_rows)
     partial = out.with_name(out.name + ".partial")
     shutil.rmtree(partial, ignore_errors=True)
     started = time.time()
@@ -329,6 +343,11 @@ def unlearn(
     evaluation = (
         QADataset(eval_rows, tokenizer, train.max_length, name="eval", append_eos=append_eos) if eval_rows else None
     )
+    validation = (
+        QADataset(validation_rows, tokenizer, train.max_length, name="validation", append_eos=append_eos)
+        if train.eval_every
+        else None
+    )
     holdout = (
         {
             "eval_strategy": "steps",
@@ -359,12 +378,14 @@ def unlearn(
         warmup_steps=train.warmup_steps,
         seed=train.seed,
         remove_unused_columns=False,  # batches are nested {"forget": ..., "retain": ...}
-        report_to=[],
+        report_to=report,
         logging_steps=1,
         use_cpu=not torch.cuda.is_available(),
         dataloader_pin_memory=False,
-        **{**holdout, **_checkpointing_args(train.extra)},  # any TrainingArguments the config names win
+        # the trackers' run name: the output directory's (a set trainer.args.run_name wins, as any named argument)
+        **{"run_name": out.name, **holdout, **_checkpointing_args(train.extra)},
     )
+    args.report_to = report  # exactly what was named: transformers adds kubeflow by itself inside a Kubeflow job
     if lora is None:
         groups = param_groups(model, resolved, train.weight_decay)
     else:  # only the adapters train
@@ -386,6 +407,7 @@ def unlearn(
         frozen=[frozen["weight"]] if frozen is not None else (),
         min_lr_ratio=train.min_lr_ratio,
     )
+    logging_dir = _point_tensorboard(trainer, train, report, partial, out)
     if ref_model is not None:
         ref_model.to(args.device)
     if int(train.stop_at_step) < 0:
@@ -418,9 +440,21 @@ def unlearn(
                 extra=extra_steps,
             )
         )  # fmt: skip
+    best = None
+    if validation is not None:
+        if trainer.is_fsdp_enabled:
+            raise ValueError("trainer.args.eval_every is not supported under FSDP (sharded weights)")
+        best = BestCheckpoint(
+            train.eval_every,
+            train.best_by,
+            _criterion(train.best_by, tokenizer, validation_rows, validation, pad_id, args.per_device_eval_batch_size),
+            trainer.log,
+        )
+        trainer.add_callback(best)  # after StopAtStep: the step it stops at is evaluated
     try:
         distributed = _distributed_setup(trainer, checked=checked, restrict=restrict, lora=lora is not None)
         result = trainer.train()
+        kept = best.restore(trainer.model) if best is not None else None  # the checks below then read the kept step
         handle.remove()
         moved = check_unchanged(before, trainer.model, resolved) if before is not None else []
         if moved:
@@ -432,7 +466,9 @@ def unlearn(
                 if _digest(current) != frozen["sha256"]:
                     raise RuntimeError(f"freeze_embeddings: {frozen['parameter']} changed during training")
                 frozen["unchanged"] = True
+        adapters, checkpointing = None, _checkpointing_engaged(trainer.model)
         if lora is not None:
+            adapters = _adapters_moved(trainer.model)
             model = lora.merge(trainer.model)
         # Sharded weights are gathered on every rank (a collective), then written by rank 0.
         full_state = trainer.accelerator.get_state_dict(trainer.model) if trainer.is_fsdp_enabled else None
@@ -453,9 +489,20 @@ def unlearn(
                     freeze_embeddings={k: v for k, v in frozen.items() if k != "weight"} if frozen else None,
                     labels=labels_info,
                     lora=asdict(lora) if lora is not None else None,
+                    lora_adapters=adapters,
+                    activation_checkpointing=checkpointing,
+                    reporting={"report_to": report, "logging_dir": logging_dir, "run_name": args.run_name},
                     eval={"rows": len(evaluation), "steps": eval_steps, "best": trainer.state.best_metric}
                     if evaluation is not None
                     else None,
+                    best_checkpoint=None
+                    if kept is None
+                    else {
+                        **kept,
+                        "rows": len(validation),
+                        "people": len({(str(r["ID"]), str(r["field"])) for r in validation_rows or ()}),
+                        "final_step": trainer.state.global_step,
+                    },
                     restriction=stats,
                     located=None
                     if located is None
@@ -485,6 +532,92 @@ def unlearn(
         shutil.rmtree(partial, ignore_errors=True)
         raise
     return out
+
+
+def _reporting(train: TrainConfig) -> list[str]:
+    """``train.report_to`` resolved (:func:`~lacuna_unlearn.trainer.reporting.resolve_report_to`) and checked against
+    the integrations this transformers has; ``logging_dir`` only where TensorBoard writes."""
+    from transformers.integrations.integration_utils import INTEGRATION_TO_CALLBACK
+
+    report = resolve_report_to(train.report_to, train.logging_dir)
+    for name in report:
+        if name not in INTEGRATION_TO_CALLBACK:
+            raise ValueError(f"trainer.args.report_to: this transformers has no {name} integration (upgrade it)")
+    return report
+
+
+def _point_tensorboard(trainer: Trainer, train: TrainConfig, report: list[str], partial: Path, out: Path) -> str | None:
+    """Where TensorBoard writes: ``train.logging_dir``, else ``$TENSORBOARD_LOGGING_DIR``, else ``OUT/logs`` (written
+    as ``OUT.partial/logs``, renamed with the model; transformers' own default is under the trainer's scratch
+    directory, deleted at the end). None without TensorBoard; else the path as it is after the run."""
+    if "tensorboard" not in report:
+        return None
+    from transformers.integrations import TensorBoardCallback
+
+    given = train.logging_dir or os.environ.get("TENSORBOARD_LOGGING_DIR")
+    where = os.path.expanduser(given) if given else str(partial / "logs")
+    for callback in trainer.callback_handler.callbacks:
+        if isinstance(callback, TensorBoardCallback):
+            callback.logging_dir = where
+    return where if given else str(out / "logs")
+
+
+def _check_evaluation(
+    train: TrainConfig,
+    validation_rows: Sequence[Mapping[str, Any]] | None,
+    eval_rows: Sequence[Mapping[str, Any]] | None,
+) -> None:
+    """``train.eval_every`` / ``train.best_by`` checked before anything loads (:func:`check_evaluation`) and, when
+    on, validation rows to compute the criterion on and no second best-checkpoint rule (an attack's held-out rows)."""
+    if not check_evaluation(train.eval_every, train.best_by):
+        return
+    if eval_rows:
+        raise ValueError(
+            "trainer.args.eval_every: this run already keeps its best checkpoint by eval loss on held-out rows "
+            "(attack=..., eval_fraction); set trainer.args.eval_every=0"
+        )
+    if not validation_rows:
+        raise ValueError(
+            f"trainer.args.best_by={train.best_by} needs the validation people's QA rows (the data's validation "
+            "split for the run's field); none were given"
+        )
+
+
+def _criterion(
+    name: str,
+    tokenizer: Any,
+    rows: Sequence[Mapping[str, Any]],
+    data: QADataset,
+    pad_id: int,
+    batch_size: int,
+) -> Callable[[torch.nn.Module], float]:
+    """The measurement of ``trainer.args.best_by`` ``name`` on a model (:mod:`lacuna_unlearn.trainer.evaluation`)."""
+    if name == "eval_loss":
+        return lambda model: validation_loss(model, data, pad_id, batch_size=batch_size)
+    if tokenizer.pad_token is None:  # prompts are batched with padding: EOS pads them, as in the training batches
+        tokenizer = copy.deepcopy(tokenizer)
+        tokenizer.pad_token = tokenizer.eos_token
+    return lambda model: validation_leak(model, tokenizer, rows, batch_size=batch_size)
+
+
+def _checkpointing_engaged(model: torch.nn.Module) -> bool:
+    """Whether any layer of ``model`` runs with activation (gradient) checkpointing, as transformers tells it."""
+    return any(getattr(m, "gradient_checkpointing", False) is True for m in model.modules())
+
+
+def _adapters_moved(model: torch.nn.Module) -> dict[str, int]:
+    """How many LoRA B matrices left their zero initialisation: with none, the adapters (and the merged model) are
+    unchanged, the silent failure of LoRA under gradient checkpointing without input gradients (OpenUnlearning
+    #178). Warns then; a schedule with no effective step (learning rate 0) can cause it too."""
+    b = [p for n, p in model.named_parameters() if ".lora_B." in n]
+    moved = sum(bool(p.detach().ne(0).any()) for p in b)
+    if b and not moved:
+        warnings.warn(
+            f"LoRA: none of the {len(b)} B matrices moved from zero: the adapters trained nothing and the saved model "
+            "equals the input",
+            stacklevel=2,
+        )
+    return {"b_matrices": len(b), "b_moved": moved}
 
 
 def _alternate(data: QADataset, answer_ids: Sequence[int] | None) -> QADataset | None:
