@@ -34,6 +34,7 @@ _EXPORTS: dict[str, str] = {
         ),
         "lacuna_tasks.loader": (
             "KNOWN_SPLITS",
+            "NO_PROFILES_HINT",
             "load_data",
             "read_rows",
             "reading",

@@ -49,6 +49,12 @@ BUNDLED_NAME = "bundled:default"
 #: Every split name a source may hold: LACUNA's, then the optional held-out retain-eval splits.
 KNOWN_SPLITS: tuple[str, ...] = (*SPLITS, *RETAIN_EVAL_SPLITS)
 
+#: What a missing profiles table means for the extraction probe, and how to supply it (LACUNA's release has none).
+NO_PROFILES_HINT = (
+    " (LACUNA's release ships none: put PANORAMA-Plus's profiles, srirxml/PANORAMA-Plus, as profiles.jsonl or "
+    "profiles.parquet beside the data's README.md card; docs/tasks.md)"
+)
+
 _CACHE: dict[tuple, LacunaData] = {}
 
 
@@ -153,14 +159,26 @@ def _load_release(release: ReleaseDir) -> LacunaData:
     """LACUNA's released data directory, mapped onto lacuna-bench's splits and validated like every source."""
     data = read_release(release)
     files = {split: ", ".join(file for file, _ in parts) for split, parts in data.parts.items()}
-    validate_dataset(data.splits, files, parts=data.parts)
+    # The release ships no profiles; LACUNA's extraction script reads PANORAMA-Plus's from the hub. A user who puts
+    # them beside the card (profiles.jsonl / .parquet) gives the extraction probe its questions (docs/tasks.md).
+    profiles, profiles_file = _profiles(release.root)
+    validate_dataset(data.splits, files, profiles, str(profiles_file), parts=data.parts)
     return LacunaData(
         source=str(release.root),
         fingerprint=fingerprint(data.splits),
         splits=data.splits,
+        profiles=profiles,
         files=files,
         release=data.info,
     )
+
+
+def _profiles(path: Path) -> tuple[dict[str, dict[str, Any]] | None, Path | None]:
+    """The profiles table of a data directory (``profiles.jsonl``, else ``profiles.parquet``), by person ID."""
+    for name in ("profiles.jsonl", "profiles.parquet"):
+        if (path / name).is_file():
+            return index_profiles(read_rows(path / name), str(path / name)), path / name
+    return None, None
 
 
 def _load_dir(path: Path, display: str, given: Path | None = None) -> LacunaData:
@@ -192,13 +210,7 @@ def _load_dir(path: Path, display: str, given: Path | None = None) -> LacunaData
             "(README.md dataset card and data/<Config>_<split>.parquet, e.g. data/Email_Address_forget.parquet)"
             + _releases_inside(looked)
         )
-    profiles = None
-    profiles_file = None
-    for name in ("profiles.jsonl", "profiles.parquet"):
-        if (path / name).is_file():
-            profiles_file = path / name
-            profiles = index_profiles(read_rows(profiles_file), str(profiles_file))
-            break
+    profiles, profiles_file = _profiles(path)
     # Relations across rows and splits (unique IDs, one ID = one person, profile agreement, disjoint
     # sides and held-out people), checked before any task builds documents from the data.
     validate_dataset(splits, {s: str(f) for s, f in files.items()}, profiles, str(profiles_file))

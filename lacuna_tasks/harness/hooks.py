@@ -45,7 +45,7 @@ from lacuna_tasks.harness.memorization import (
     memorization_scores,
     token_plan,
 )
-from lacuna_tasks.loader import LacunaData, load_data, resolve_source
+from lacuna_tasks.loader import NO_PROFILES_HINT, LacunaData, load_data, resolve_source
 from lacuna_tasks.normalize import fact_produced
 from lacuna_tasks.prompts import (
     full_name,
@@ -179,7 +179,9 @@ def _extraction_docs(
     if isinstance(attempts, bool) or not isinstance(attempts, int) or attempts < 1:
         raise LacunaDataError(f"extraction_attempts must be an integer >= 1, got {attempts!r}")
     if not data.profiles:
-        raise LacunaDataError(f"{data.source}: the extraction probe samples questions from profiles.jsonl; none found")
+        raise LacunaDataError(
+            f"{data.source}: the extraction probe samples questions from profiles.jsonl; none found" + NO_PROFILES_HINT
+        )
     docs: list[dict[str, Any]] = []
     for row in {r["ID"]: r for r in rows}.values():  # one person once, even with several QA rows
         profile = data.profiles.get(row["ID"])

@@ -280,7 +280,7 @@ def attack_config(overrides: Sequence[str]) -> Any:
 
 def _check_data(source: Any, cfg: Any, field: str) -> None:
     """The attack's data before any work: validated on load, the attacker's rows there, profiles for the probe."""
-    from lacuna_tasks import load_data
+    from lacuna_tasks import NO_PROFILES_HINT, load_data
 
     data = load_data(source)
     attack_rows(
@@ -296,7 +296,9 @@ def _check_data(source: Any, cfg: Any, field: str) -> None:
     )
     split_rows(data, cfg.forget_split, field)  # the persons the extraction probe asks about
     if not data.profiles:
-        raise ValueError(f"{data.source}: the extraction probe samples questions from profiles.jsonl; none found")
+        raise ValueError(
+            f"{data.source}: the extraction probe samples questions from profiles.jsonl; none found" + NO_PROFILES_HINT
+        )
 
 
 def _container(cfg: Any) -> dict[str, Any]:

@@ -158,10 +158,13 @@ def run_benchmark(
     cfg: Mapping[str, Any] | None = None,
     *,
     log: Callable[[str], None] = logger.info,
+    lacuna_root: str | os.PathLike[str] | None = None,
 ) -> dict[str, Any]:
     """Run (or resume from cache) the benchmark described by ``cfg`` into ``out_dir``; return ``results.json``.
     One run at a time per ``out_dir`` (a lock file). ``log`` receives one status line per stage (default: this
-    module's logger at INFO, shown where :func:`lacuna_tasks.logs.configure_logging` set it up)."""
+    module's logger at INFO, shown where :func:`lacuna_tasks.logs.configure_logging` set it up). ``lacuna_root``:
+    also write LACUNA's files and the unlearned checkpoints in LACUNA's layout there (a release's regime
+    directory, where its scripts look; they are always written under ``out_dir/lacuna/`` too)."""
     cfg = copy.deepcopy(dict(cfg or DEFAULT_RUN))
     validate_run_config(cfg)
     preflight_overrides(cfg)
@@ -173,10 +176,10 @@ def run_benchmark(
         if data is not None:
             load_data(data)  # every stage reads it: bad data is refused before the first
     with locked(Path(out_dir)):
-        return _run_locked(Path(out_dir), cfg, log)
+        return _run_locked(Path(out_dir), cfg, log, Path(lacuna_root) if lacuna_root is not None else None)
 
 
-def _run_locked(out: Path, cfg: dict[str, Any], log: Callable[[str], None]) -> dict[str, Any]:
+def _run_locked(out: Path, cfg: dict[str, Any], log: Callable[[str], None], lacuna_root: Path | None) -> dict[str, Any]:
     from lacuna_metrics import build_manifest, publish_together, write_json
     from lacuna_unlearn.bench.report.lacuna_keys import run_lacuna_files
     from lacuna_unlearn.bench.report.markdown import write_run_report
@@ -275,6 +278,9 @@ def _run_locked(out: Path, cfg: dict[str, Any], log: Callable[[str], None]) -> d
     )
     with publish_together(out) as staging:  # results.json, report.md and plots/ appear together
         write_run_report(staging, results)
-        run_lacuna_files(results, staging / "lacuna")  # the same results in LACUNA's names (docs/release.md)
+        # the same results in LACUNA's names and layout, with the unlearned checkpoints (docs/release.md)
+        run_lacuna_files(results, staging / "lacuna", models=True)
         write_json(staging / "results.json", results)
+    if lacuna_root is not None:  # a LACUNA release: also where its own scripts look, <regime>/unlearned_models/
+        run_lacuna_files(results, lacuna_root, models=True)
     return results

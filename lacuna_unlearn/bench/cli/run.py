@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 from collections.abc import Collection, Mapping
+from pathlib import Path
 from typing import Any
 
 from lacuna_unlearn.bench.cli.checks import (
@@ -25,16 +26,26 @@ def run_preset(
     setting (``owned``: the settings the command has flags for; :func:`~lacuna_unlearn.bench.cli.checks.one_value`)."""
     one_value(flags, args.set, owned=owned, paths=("testbed",))
     existing("--config", args.config, "file")
-    out = writable("--out", args.out or f"runs/{preset}", directory=True)
+    if args.out is not None:
+        writable("--out", args.out, directory=True)
+    from lacuna_metrics import is_release_dir
     from lacuna_unlearn.bench.report.markdown import run_markdown
     from lacuna_unlearn.bench.run import load_run_config, run_benchmark
     from lacuna_unlearn.dataclass_config import parse_overrides
 
     overrides = {**parse_overrides(args.set), **{key: value for key, (_, value) in flags.items()}}
     cfg = load_run_config(args.config, preset=preset, overrides=overrides)
-    results = run_benchmark(out, cfg, log=logging.getLogger("lacuna_unlearn.bench.run").info)
+    # On a LACUNA release without --out: the run directory inside the regime directory, and the unlearned models
+    # with LACUNA's files where its own scripts look, <regime>/unlearned_models/<Field>/<Method>/ (docs/release.md).
+    release = Path(cfg["testbed"]) if cfg.get("testbed") and is_release_dir(cfg["testbed"]) else None
+    lacuna_root = release if release is not None and args.out is None else None
+    default_out = release / "lacuna-bench" / preset if release is not None else Path("runs") / preset
+    out = writable("--out", args.out or default_out, directory=True)
+    results = run_benchmark(out, cfg, log=logging.getLogger("lacuna_unlearn.bench.run").info, lacuna_root=lacuna_root)
     print(run_markdown(results))
     print(f"wrote {out / 'results.json'}, {out / 'report.md'} and {out / 'plots'}/")
+    where = lacuna_root if lacuna_root is not None else out / "lacuna"
+    print(f"wrote the unlearned models and LACUNA's files under {where / 'unlearned_models'}/")
     return 0
 
 

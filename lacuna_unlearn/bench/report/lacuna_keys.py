@@ -29,6 +29,7 @@ __all__ = [
     "LacunaKey",
     "lacuna_field",
     "lacuna_method",
+    "place_checkpoint",
     "run_lacuna_files",
     "score_lacuna_files",
     "split_layout",
@@ -294,11 +295,13 @@ def _write(
 # -- writers -----------------------------------------------------------------------------------------------------
 
 
-def run_lacuna_files(results: Mapping[str, Any], out: str | Path) -> list[Path]:
+def run_lacuna_files(results: Mapping[str, Any], out: str | Path, *, models: bool = False) -> list[Path]:
     """Write every field x method of a ``results.json`` (``lacuna run``) as LACUNA's files under ``out``, in LACUNA's
     layout: ``unlearned_models/<Field>/<Method>/{Panorama_SUMMARY,extraction_leakage}.json`` and
     ``cached_notebook_files/precision_metrics/<target>/<Field>/<Method>/metrics.json`` (with sidecars), so that
-    LACUNA's notebook pointed at ``out`` reads them. Returns the written paths."""
+    LACUNA's notebook pointed at ``out`` reads them. ``models``: also place each method's reported checkpoint (its
+    entry's ``model``) in ``unlearned_models/<Field>/<Method>/``, where LACUNA's scripts load the unlearned model
+    (hard links: no copy of the weights where the file system allows). Returns the written paths."""
     out = Path(out)
     by_field = results.get("by_field") or {results.get("field"): {"methods": results.get("methods") or {}}}
     written: list[Path] = []
@@ -312,6 +315,8 @@ def run_lacuna_files(results: Mapping[str, Any], out: str | Path) -> list[Path]:
                 "checkpoint": entry.get("checkpoint"),
             }
             run_dir = out / "unlearned_models" / where["field"] / where["method"]
+            if models and entry.get("model"):
+                written += place_checkpoint(Path(entry["model"]), run_dir)
             for file, extra in ((PANORAMA, {}), (LEAKAGE, _attack_settings(entry))):
                 content, keys, absent = _fill(file, doc, "run")
                 written += _write(run_dir / file, content, keys, absent, {**origin, **extra})
@@ -324,6 +329,29 @@ def run_lacuna_files(results: Mapping[str, Any], out: str | Path) -> list[Path]:
                 path = precision_dir / where["field"] / where["method"] / PRECISION
                 written += _write(path, content, keys, absent, {**origin, **settings})
     return written
+
+
+def place_checkpoint(model: Path, dest: Path) -> list[Path]:
+    """The files of the HF checkpoint ``model`` (not its ``snapshots/``) in ``dest``, each replaced atomically: a hard
+    link where ``dest`` is on the same file system, else a copy. Returns the placed paths."""
+    import os
+    import shutil
+
+    dest.mkdir(parents=True, exist_ok=True)
+    placed = []
+    for item in sorted(model.iterdir()):
+        if not item.is_file():
+            continue
+        target = dest / item.name
+        temporary = dest / f".{item.name}.placing"
+        temporary.unlink(missing_ok=True)
+        try:
+            os.link(item, temporary)
+        except OSError:  # another file system, or links not allowed
+            shutil.copy2(item, temporary)
+        os.replace(temporary, target)
+        placed.append(target)
+    return placed
 
 
 def _attack_settings(entry: Mapping[str, Any]) -> dict[str, Any]:
