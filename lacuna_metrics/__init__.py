@@ -86,6 +86,7 @@ _EXPORTS: dict[str, str] = {
             "build_masks",
             "component",
             "load_masks",
+            "mask_num_groups",
             "named_shapes_of",
             "save_masks",
             "stamp_masks",

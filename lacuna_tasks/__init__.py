@@ -82,7 +82,7 @@ _EXPORTS: dict[str, str] = {
             "generate_profiles",
             "write_dataset",
         ),
-        "lacuna_tasks.validate": ("RETAIN_EVAL_SPLITS",),
+        "lacuna_tasks.validate": ("RETAIN_EVAL_SPLITS", "check_group_ids"),
     }.items()
     for name in names
 }

@@ -244,3 +244,19 @@ def _as_int(value: Any) -> int | None:
         return int(value)
     except (TypeError, ValueError):
         return None
+
+
+def check_group_ids(
+    splits: Mapping[str, Sequence[Mapping[str, Any]]], files: Mapping[str, str], num_groups: int, masks: str
+) -> None:
+    """Every row's ``group_id`` names a group of the masks (bits ``0 .. num_groups - 1``); LacunaDataError naming the
+    file, split, row, person and the mask file otherwise. A group beyond the masks' bits has no parameters: a method
+    restricted to its people's masks would train nothing, and the ground truth would not cover them."""
+    for split, rows in splits.items():
+        for i, row in enumerate(rows):
+            group = row["group_id"]
+            if not 0 <= group < num_groups:
+                raise LacunaDataError(
+                    f"{files.get(split, split)}: split {split!r} row {i} (person {row['ID']}): group_id {group} is "
+                    f"outside the {num_groups} groups of {masks} (bits 0..{num_groups - 1})"
+                )

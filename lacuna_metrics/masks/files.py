@@ -317,6 +317,19 @@ def _load_mask_pt(
         raise MaskError(f"{path}: {exc}") from exc
 
 
+def mask_num_groups(path: str | os.PathLike[str]) -> int:
+    """The number of groups of a mask file without reading its tensors: our file's metadata, or LACUNA's six for a
+    released ``mask.pt`` (its ``num_groups`` config; a stray bit is refused when the tensors are read)."""
+    path = Path(path)
+    if _sniff(path) == "torch":
+        return 6
+    try:
+        with safe_open(str(path), framework="pt", device="cpu") as fh:
+            return int((fh.metadata() or {})["num_groups"])
+    except (SafetensorError, OSError, KeyError, ValueError) as exc:
+        raise MaskError(f"{path}: no readable num_groups in the mask file's metadata ({exc})") from None
+
+
 # --------------------------------------------------------------------------------------------------
 # Streaming access for scorers
 

@@ -169,12 +169,14 @@ def run_benchmark(
     validate_run_config(cfg)
     preflight_overrides(cfg)
     if cfg["testbed"]:
-        from lacuna_metrics import resolve_testbed
-        from lacuna_tasks import load_data
+        from lacuna_metrics import mask_num_groups, resolve_testbed
+        from lacuna_tasks import check_group_ids, load_data
 
-        data = resolve_testbed(cfg["testbed"]).data
-        if data is not None:
-            load_data(data)  # every stage reads it: bad data is refused before the first
+        layout = resolve_testbed(cfg["testbed"])
+        if layout.data is not None:
+            loaded = load_data(layout.data)  # every stage reads it: bad data is refused before the first
+            if layout.masks is not None and layout.masks.is_file():  # every person in a group of the masks
+                check_group_ids(loaded.splits, loaded.files, mask_num_groups(layout.masks), str(layout.masks))
     with locked(Path(out_dir)):
         return _run_locked(Path(out_dir), cfg, log, Path(lacuna_root) if lacuna_root is not None else None)
 

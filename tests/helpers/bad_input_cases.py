@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 import torch
 from safetensors.torch import save_file
 
@@ -110,6 +111,19 @@ def _broken_release(good: Path, dest: Path, name: str, change: Callable[[Any], A
     else:
         pq.write_table(change(pq.read_table(file)), file)
     return dest
+
+
+def _release_regime(size_dir: Path, regime: str, model: Path, masks: Any | None) -> Path:
+    """``size_dir/regime`` as LACUNA's release lays a regime out: the model (also as ``intruction_tuned/``) and, given
+    a MaskSet, its ``mask.pt`` (name -> flat int32); the data must be ``size_dir/data-<regime>``."""
+    import torch
+
+    regime_dir = size_dir / regime
+    shutil.copytree(model, regime_dir / "intruction_tuned")
+    shutil.copy(model / "model.safetensors", regime_dir / "model.safetensors")
+    if masks is not None:
+        torch.save({n: t.reshape(-1).clone() for n, t in masks.packed.items()}, regime_dir / "mask.pt")
+    return regime_dir
 
 
 def _fake_testbed(root: Path, data: Path | None = None) -> Path:
@@ -297,6 +311,10 @@ class Inputs:
     release_card_missing_file: Path
     release_renamed_column: Path
     release_group_id_float: Path
+    release_masked: Path
+    release_unmasked: Path
+    release_other_mask: Path
+    release_group_seven: Path
     neither_layout: Path
     testbed_not_utf8: Path
     testbed_unreadable: Path
@@ -385,6 +403,22 @@ def build_inputs(root: Path) -> Inputs:
         "Phone_Number_forget.parquet",
         lambda t: t.set_column(t.column_names.index("group_id"), "group_id", t.column("group_id").cast("float64")),
     )
+    # LACUNA's release as a testbed: its masked and unmasked regimes beside their data, a mask.pt of another model,
+    # and data whose group_id lies beyond the mask's six groups
+    release_masked = _release_regime(root / "OLMo2-1B", "masked", before, masks_set)
+    shutil.copytree(release, root / "OLMo2-1B" / "data-unmasked")
+    release_unmasked = _release_regime(root / "OLMo2-1B", "unmasked", before, None)
+    release_other_mask = _release_regime(root / "other_mask" / "OLMo2-1B", "masked", before, wrong)
+    shutil.copytree(release, root / "other_mask" / "OLMo2-1B" / "data-masked")
+    release_group_seven = _release_regime(root / "group_seven" / "OLMo2-1B", "masked", before, masks_set)
+    _broken_release(
+        release,
+        root / "group_seven" / "OLMo2-1B" / "data-masked",
+        "relearn_train.parquet",
+        lambda t: t.set_column(
+            t.column_names.index("group_id"), "group_id", pa.array([7] * t.num_rows, type=pa.int32())
+        ),
+    )
     neither = root / "neither_layout"
     (neither / "downloads").mkdir(parents=True)
     (neither / "notes.txt").write_text("neither lacuna-bench's layout nor LACUNA's release\n")
@@ -437,6 +471,10 @@ def build_inputs(root: Path) -> Inputs:
         release_card_missing_file=release_card,
         release_renamed_column=release_renamed,
         release_group_id_float=release_float,
+        release_masked=release_masked,
+        release_unmasked=release_unmasked,
+        release_other_mask=release_other_mask,
+        release_group_seven=release_group_seven,
         neither_layout=neither,
         testbed_not_utf8=tb_not_utf8,
         testbed_unreadable=tb_unreadable.parent.parent,
@@ -852,6 +890,32 @@ CASES: dict[str, Case] = {
     "bad-data/attack-release-group-id-not-integer": C(
         lambda i, o: _attack(i, o, data=i.release_group_id_float),
         lambda i, o: [str(i.release_group_id_float / "data" / "Phone_Number_forget.parquet"), "'group_id'", "double"],
+    ),
+    # LACUNA's release as a testbed (issue 36): the regime's own file named
+    "bad-masks/score-release-unmasked-has-no-mask": C(
+        lambda i, o: ["score", "--testbed", str(i.release_unmasked), "--after", str(i.after), "--out", str(o)],
+        lambda i, o: [str(i.release_unmasked), "mask.pt", "unmasked regime", "--no-masks"],
+    ),
+    "bad-masks/score-release-mask-of-another-model": C(
+        lambda i, o: [
+            "score",
+            "--testbed",
+            str(i.release_other_mask),
+            "--after",
+            str(i.after),
+            "--out",
+            str(o),
+            "--no-frag",
+            "--composite-samples",
+            "0",
+            "--scores",
+            "raw",
+        ],  # fmt: skip
+        lambda i, o: [str(i.release_other_mask / "mask.pt"), "model.layers.0.self_attn.q_proj.weight"],
+    ),
+    "bad-data/run-release-group-beyond-the-mask": C(
+        lambda i, o: ["run", "--preset", "smoke", "--set", f"testbed={i.release_group_seven}", "--out", str(o)],
+        lambda i, o: ["relearn_train.parquet", "group_id 7", "6 groups", str(i.release_group_seven / "mask.pt")],
     ),
     "bad-data/attack-neither-layout": C(
         lambda i, o: _attack(i, o, data=i.neither_layout),

@@ -8,14 +8,15 @@ runs) on real files: tiny safetensors checkpoints with a config, real mask files
 and two go through the real ``lm_eval`` command: tests/e2e/test_bad_input_console_scripts.py.
 ``SHOW_ERRORS=1 pytest -s -k refused`` prints every message with its time.
 
-``CASES`` (163, ids ``class/command-what``): missing path 21, unwritable output 15, malformed JSON/YAML 9, unknown
-key 15, bad value 28, mismatched checkpoints 4, bad masks 7, bad tensors 5, bad data 10 (issue 36: LACUNA's released data
-directory broken four ways in 5 cases, a directory in neither layout; +2 through ``lm_eval``),
+``CASES`` (166, ids ``class/command-what``): missing path 21, unwritable output 15, malformed JSON/YAML 9, unknown
+key 15, bad value 28, mismatched checkpoints 4, bad masks 9, bad tensors 5, bad data 11 (issue 36: LACUNA's released data
+directory broken four ways in 5 cases, a directory in neither layout, a release's group beyond its mask's bits; its
+unmasked regime and a mask.pt of another model under bad masks; +2 through ``lm_eval``),
 faults 34 (issue 37 item 6: a full disk 7, data that is not UTF-8 10, unreadable data 4, a path through a symlink
 loop 13; a full disk is simulated by :func:`~helpers.bad_input_cases.full_disk`, a denied read as root by
 ``deny_reads``), a flag and ``--set`` with different values 15 (issue 37 item 5: ``precedence/*``).
-By command: score 43 (bad masks and tensors included), attack 43, gate 15, diagnose 13, reversibility 11,
-build-testbed 11, run 19, demo 6, data generate 2. Below them: the accepted counterparts (a flag and ``--set``
+By command: score 45 (bad masks and tensors included), attack 43, gate 15, diagnose 13, reversibility 11,
+build-testbed 11, run 20, demo 6, data generate 2. Below them: the accepted counterparts (a flag and ``--set``
 agreeing, ``--set`` alone filling a flag) and the lm-eval tasks on unreadable data (2).
 ``tests/e2e/test_bad_input.py`` holds 18 more (``lacuna-unlearn`` 10, ``lacuna run`` 8), as subprocesses;
 ``tests/e2e/test_faults_ulimit.py`` 8 (a real ``ulimit -f`` on score, data generate, reversibility and safetensors;
@@ -187,7 +188,7 @@ def backends(monkeypatch) -> dict:
     import lacuna_unlearn.testbed.build as build
 
     seen: dict = {}
-    monkeypatch.setattr(run, "run_benchmark", lambda out, cfg, log=None: seen.update(run=cfg) or {})
+    monkeypatch.setattr(run, "run_benchmark", lambda out, cfg, log=None, lacuna_root=None: seen.update(run=cfg) or {})
     monkeypatch.setattr(markdown, "run_markdown", lambda results: "")
     monkeypatch.setattr(
         attacks, "resurfacing_attack", lambda model, out, **kw: seen.update(attack=(out, kw)) or _REPORT
