@@ -161,7 +161,9 @@ class RunConfig:
     preset: str = "mini"  # testbed preset built when `testbed` is null
     testbed: str | None = None  # an existing testbed directory to use instead
     testbed_seed: int | None = None
-    fields: list[str] = field(default_factory=lambda: ["email"])  # or `all`; email | phone | birth_city | ...
+    # every field by default, each with its own table, plus a pooled row per method (n = people x fields); a list
+    # such as [email] runs those fields only (docs/guide.md)
+    fields: list[str] = field(default_factory=lambda: ["email", "phone", "birth_city", "drivers_license"])
     experiment: str | None = "mini"  # lacuna-unlearn experiment preset shared by the methods (null: none)
     # method config name -> lacuna-unlearn Hydra overrides; a file's or --set's map replaces this one whole
     methods: dict[str, list[str] | None] = field(default_factory=_default_methods)

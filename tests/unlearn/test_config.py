@@ -16,7 +16,8 @@ from lacuna_unlearn.dataclass_config import config_choices, parse_overrides, pre
 
 #: Every preset as the hand-written dicts/dataclasses of the previous release returned it (captured before the
 #: presets became YAML files), updated only where a preset changed on purpose (testbed mini: training-only question
-#: forms and two-pair QA documents, issue 19; run score: the null calibration's settings, issue 34; regime: the paper's rule and tau_ppl, issue 35; CHANGELOG).
+#: forms and two-pair QA documents, issue 19; run score: the null calibration's settings, issue 34; regime: the
+#: paper's rule and tau_ppl, issue 35; run mini: every field by default, issue 35 item 5; CHANGELOG).
 SNAPSHOT = json.loads((HELPERS / "config_presets_snapshot.json").read_text())
 
 
