@@ -397,8 +397,13 @@ def _check_schema(file: ReleaseFile, schema: Any) -> None:
 def _read_table(path: Path) -> Any:
     import pyarrow.parquet as pq
 
+    return _parquet(path, pq.read_table)
+
+
+def _parquet(path: Path, read: Any) -> Any:
+    """``read(path)`` (pyarrow's table or schema reader), any failure as one line naming the file."""
     try:
-        return pq.read_table(path)
+        return read(path)
     except OSError as exc:
         reason = getattr(exc, "strerror", None) or _one_line(exc)
         raise LacunaDataError(f"{path}: unreadable parquet file ({reason})") from None
@@ -452,13 +457,7 @@ def read_release(release: ReleaseDir) -> ReleaseData:
 def _read_schema(path: Path) -> Any:
     import pyarrow.parquet as pq
 
-    try:
-        return pq.read_schema(path)
-    except OSError as exc:
-        reason = getattr(exc, "strerror", None) or _one_line(exc)
-        raise LacunaDataError(f"{path}: unreadable parquet file ({reason})") from None
-    except Exception as exc:
-        raise LacunaDataError(f"{path}: unreadable parquet file ({_one_line(exc)})") from None
+    return _parquet(path, pq.read_schema)
 
 
 def _relative(path: Path, root: Path) -> str:
