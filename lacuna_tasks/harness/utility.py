@@ -116,6 +116,13 @@ def load_utility_docs(field: str, population: str, facts: str, **metadata: Any):
                 "testbed or the bundled dataset); no metric"
             )
             docs = [_placeholder(field)]
+        elif not docs and facts == "other":  # an undefined metric, not bad data: skipped, and said why
+            description[SKIP_KEY] = (
+                f"{data.source}: the {population} people of field {get_field(field).column!r} hold no fact of "
+                "another field (a fact whose value was missing, or that the testbed did not memorize, is dropped per "
+                "field); no metric"
+            )
+            docs = [_placeholder(field)]
         elif not docs:
             raise LacunaDataError(
                 f"{data.source}: no {facts!r} facts for the {population} people of field {get_field(field).column!r}"

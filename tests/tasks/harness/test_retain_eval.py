@@ -296,3 +296,22 @@ def test_icr_examples_fall_back_to_retain_eval_people_only_when_retain_is_too_sm
             shown |= ids
         assert bool(shown & held_out) == falls_back
         assert shown <= retain_ids | held_out
+
+
+def test_crossfield_without_other_facts_is_a_marked_skip(profiles, splits, tmp_path):
+    """Retain-eval people of one field who hold no fact of another field (a trace-free mini testbed memorizes some
+    people in one field only): the cross-field task of that field is skipped with the reason, not a failed run."""
+    from lacuna_tasks.harness.utility import SKIP_KEY, load_utility_docs
+
+    column = FIELDS["phone"].column
+    first = sorted(people(splits["retain_eval"], column))[0]  # keeps its phone fact only; the others lose theirs
+    trimmed = dict(splits)
+    for split in RETAIN_EVAL_SPLITS:
+        trimmed[split] = [r for r in splits[split] if (r["ID"] == first) == (r["field"] == column)]
+    data_dir = write_dataset(tmp_path / "data", profiles, trimmed)
+    data = load_data(data_dir)
+    assert build_utility_docs(data, field="phone", population="retain_eval", facts="other") == []
+    dd = load_utility_docs("phone", "retain_eval", "other", lacuna_data=str(data_dir))
+    reason = json.loads(dd["test"].info.description)[SKIP_KEY]
+    assert "hold no fact of another field" in reason and "'Phone Number'" in reason and len(dd["test"]) == 1
+    assert build_utility_docs(data, field="email", population="retain_eval", facts="other")  # others unaffected
