@@ -19,8 +19,6 @@ from pathlib import Path
 
 #: The release's folder of the model to unlearn: as published (misspelt), then the spelling a user may correct it to.
 RELEASE_TUNED_DIRS: tuple[str, ...] = ("intruction_tuned", "instruction_tuned")
-#: The release's regimes; the unmasked one is the control run of the contrast scores.
-RELEASE_REGIMES: tuple[str, ...] = ("masked", "unmasked")
 RELEASE_MASK_FILE = "mask.pt"
 RELEASE_UNLEARNED_DIR = "unlearned_models"
 TESTBED_MASK_FILE = "masks.safetensors"
@@ -60,21 +58,6 @@ class Layout:
             return None
         twin = self.control_before.parent / RELEASE_UNLEARNED_DIR / rel
         return twin if twin.is_dir() else None
-
-    def describe(self) -> dict[str, str | list[str] | None]:
-        """The resolved parts, for manifests and logs."""
-        return {
-            "kind": self.kind,
-            "root": str(self.root),
-            "before": str(self.before),
-            "data": str(self.data) if self.data else None,
-            "masks": str(self.masks) if self.masks else None,
-            "base": str(self.base) if self.base else None,
-            "control_before": str(self.control_before) if self.control_before else None,
-            "regime": self.regime,
-            "size": self.size,
-            "notes": list(self.notes),
-        }
 
 
 class LayoutError(FileNotFoundError):
