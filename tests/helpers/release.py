@@ -160,25 +160,14 @@ def write_release_data(dest: Path, tables: Mapping[str, Sequence[Mapping[str, An
 def _random_model(corpus: list[str], out: Path) -> Path:
     """A tiny random Llama and a tokenizer trained on ``corpus`` (no training of the model: seconds)."""
     import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import LlamaForCausalLM
 
+    from helpers.tiny_lm import tiny_llama_config
     from lacuna_unlearn.testbed.tokenizer import train_tokenizer
 
     tokenizer = train_tokenizer(corpus, vocab_size=512)
     torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=4,
-        max_position_embeddings=512,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-        bos_token_id=tokenizer.eos_token_id,
-        tie_word_embeddings=False,
-    )
+    config = tiny_llama_config(tokenizer, hidden_size=32, num_layers=2)
     LlamaForCausalLM(config).save_pretrained(out)
     tokenizer.save_pretrained(out)
     return out

@@ -16,7 +16,26 @@ from lacuna_tasks.schema import get_field
 from lacuna_tasks.synth.generate import generate_dataset
 from lacuna_unlearn.testbed.tokenizer import train_tokenizer
 
-__all__ = ["build_demo", "train_memorizing_lm"]
+__all__ = ["build_demo", "tiny_llama_config", "train_memorizing_lm"]
+
+
+def tiny_llama_config(tokenizer, *, hidden_size: int, num_layers: int):
+    """The tests' tiny Llama: 4 heads, an MLP twice the width, untied embeddings, the tokenizer's special tokens."""
+    from transformers import LlamaConfig
+
+    return LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=hidden_size,
+        intermediate_size=2 * hidden_size,
+        num_hidden_layers=num_layers,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        max_position_embeddings=512,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.eos_token_id,
+        tie_word_embeddings=False,
+    )
 
 
 def train_memorizing_lm(
@@ -32,22 +51,10 @@ def train_memorizing_lm(
 ) -> Path:
     """A small Llama trained from scratch (full batch, AdamW) until it reproduces ``texts``."""
     import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import LlamaForCausalLM
 
     torch.manual_seed(seed)
-    config = LlamaConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=hidden_size,
-        intermediate_size=2 * hidden_size,
-        num_hidden_layers=num_layers,
-        num_attention_heads=4,
-        num_key_value_heads=4,
-        max_position_embeddings=512,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-        bos_token_id=tokenizer.eos_token_id,
-        tie_word_embeddings=False,
-    )
+    config = tiny_llama_config(tokenizer, hidden_size=hidden_size, num_layers=num_layers)
     model = LlamaForCausalLM(config)
     batch = tokenizer([t + tokenizer.eos_token for t in texts], padding=True, return_tensors="pt")
     labels = batch["input_ids"].masked_fill(batch["attention_mask"] == 0, -100)
