@@ -348,8 +348,9 @@ def controls(
     people = (baseline.get("behaviour") or {}).get("n", {}).get("forget_leak") or 1
     negative = negative_control(stages, cfg, ctx, field, seed, int(people))
     overrides = [f"restrict={last_block_regex(ctx['testbed'] / 'model')}"]
-    label = POSITIVE_CONTROL if seed == int(cfg["seed"]) else f"{POSITIVE_CONTROL} (seed {seed})"
-    entry = method_entry(stages, cfg, ctx, field, "jensun", overrides, seed, baseline, label=label, control=True)
+    entry = method_entry(
+        stages, cfg, ctx, field, "jensun", overrides, seed, baseline, label=POSITIVE_CONTROL, control=True
+    )
     positive = judge_positive_control(
         entry, overrides, baseline, negative, min_suppression=float(cfg["reversibility"]["min_suppression"])
     )

@@ -43,7 +43,16 @@ from lacuna_unlearn.bench.run_config import (  # noqa: F401  (re-exported: the p
 from lacuna_unlearn.bench.stages import Stages, locked, testbed_fingerprint, testbed_preset
 from lacuna_unlearn.dataclass_config import path_override
 
-__all__ = ["DEFAULT_RUN", "RUN_SCHEMA", "SEED_METRICS", "across_seeds", "load_run_config", "run_benchmark"]
+__all__ = [
+    "DEFAULT_RUN",
+    "RUN_SCHEMA",
+    "SEED_METRICS",
+    "across_seeds",
+    "load_run_config",
+    "pooled",
+    "pooled_across_seeds",
+    "run_benchmark",
+]
 
 RUN_SCHEMA = schema_stamp("run")
 
@@ -117,6 +126,30 @@ def pooled(by_field: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
             }  # fmt: skip
         regimes = [(e["methods"][name].get("regime") or {}).get("regime") for e in by_field.values()]
         out[name] = {"fields": list(by_field), "rates": row, "regimes": regimes}
+    return out
+
+
+def pooled_across_seeds(runs: Mapping[str, Mapping[str, Mapping[int, Mapping[str, Any]]]]) -> dict[str, Any]:
+    """Mean ± sd over unlearning seeds of each method's pooled rates (``runs``: field -> method -> seed -> entry):
+    :func:`pooled` once per seed, then :func:`lacuna_metrics.mean_sd` of each rate's value, with the values in seed
+    order and the n behind each (people × fields, the same in every seed); the per-field regimes of each seed."""
+    from lacuna_metrics import mean_sd
+
+    fields = list(runs)
+    seeds = list(next(iter(next(iter(runs.values())).values())))
+    per_seed = {
+        s: pooled({f: {"methods": {n: by_seed[s] for n, by_seed in runs[f].items()}} for f in fields}) for s in seeds
+    }
+    out: dict[str, Any] = {}
+    for name, first in per_seed[seeds[0]].items():
+        metrics: dict[str, Any] = {}
+        for metric, rate in first["rates"].items():
+            rates = [per_seed[s].get(name, {}).get("rates", {}).get(metric) for s in seeds]
+            if all(rates):
+                values = [r["value"] for r in rates]
+                metrics[metric] = {**mean_sd(values), "values": values, "people": rate["ci"]["n"]}
+        regimes = [per_seed[s].get(name, {}).get("regimes") for s in seeds]
+        out[name] = {"seeds": seeds, "metrics": metrics, "regimes": regimes}
     return out
 
 
@@ -217,6 +250,7 @@ def _run_locked(out: Path, cfg: dict[str, Any], log: Callable[[str], None], lacu
     # the testbed's own preset: a given testbed need not be the one the config's `preset` would build
     results: dict[str, Any] = {"schema": RUN_SCHEMA, "preset": testbed_preset(testbed), "testbed": str(testbed)}
     by_field: dict[str, Any] = {}
+    seed_runs: dict[str, dict[str, dict[int, Any]]] = {}  # field -> method -> seed -> entry, for the pooled seeds
     for field in cfg["fields"]:
         suffixes = cfg["eval"].get("tasks")
         group = [f"lacuna_{field}_{t}" for t in suffixes] if suffixes else [f"lacuna_{field}"]
@@ -246,6 +280,7 @@ def _run_locked(out: Path, cfg: dict[str, Any], log: Callable[[str], None], lacu
             if len(seeds) > 1:
                 entry["across_seeds"] = across_seeds(runs)
             field_out["methods"][name] = entry
+            seed_runs.setdefault(field, {})[name] = runs
         if checks:
             field_out["positive_control"] = checks[seeds[0]]["positive"]
             field_out["negative_control"] = checks[seeds[0]]["negative"]
@@ -264,6 +299,9 @@ def _run_locked(out: Path, cfg: dict[str, Any], log: Callable[[str], None], lacu
     first = by_field[cfg["fields"][0]]
     if len(by_field) > 1:
         results["pooled"] = pooled(by_field)
+        if len(seeds) > 1:
+            for name, summary in pooled_across_seeds(seed_runs).items():
+                results["pooled"][name]["across_seeds"] = summary
     results.update(
         {
             "field": cfg["fields"][0],

@@ -516,3 +516,33 @@ def test_a_multi_field_run_pools_each_rate_over_fields_with_an_exact_interval():
     results = _run(fields=("email", "phone"))
     results["pooled"] = out
     assert "## Pooled over the fields (email, phone)" in run_markdown(results)
+
+
+def test_a_multi_seed_multi_field_run_gives_the_pooled_rates_mean_and_sd_over_seeds():
+    """Issue 35 item 7: the pooled rows once per seed, then mean ± sd (ddof 1) of each rate, with the n behind it;
+    a reference computed by hand from the per-seed k/n."""
+    from lacuna_unlearn.bench.run import pooled, pooled_across_seeds
+
+    def entry(k: int, n: int, regime: str) -> dict:
+        ci = {"low": 0.0, "high": 1.0, "k": k, "n": n, "level": 0.95, "method": "clopper_pearson"}
+        return {"behaviour": {"forget_leak": k / n, "ci": {"forget_leak": ci}}, "regime": {"regime": regime}}
+
+    runs = {
+        "email": {"a": {42: entry(0, 3, "ideal"), 1: entry(1, 3, "x"), 2: entry(3, 3, "y")}},
+        "phone": {"a": {42: entry(1, 3, "ideal"), 1: entry(1, 3, "x"), 2: entry(0, 3, "z")}},
+    }
+    out = pooled_across_seeds(runs)
+    leak = out["a"]["metrics"]["forget_leak"]
+    expected = [1 / 6, 2 / 6, 3 / 6]
+    assert leak["values"] == pytest.approx(expected) and leak["people"] == 6 and out["a"]["seeds"] == [42, 1, 2]
+    assert leak["mean"] == pytest.approx(sum(expected) / 3)
+    assert leak["sd"] == pytest.approx(float(np.std(expected, ddof=1)))
+    assert out["a"]["regimes"] == [["ideal", "ideal"], ["x", "x"], ["y", "z"]]
+    # the first seed's pooled row is the run's own pooled row
+    first = pooled({f: {"methods": {"a": runs[f]["a"][42]}} for f in runs})
+    assert first["a"]["rates"]["forget_leak"]["value"] == pytest.approx(leak["values"][0])
+    results = _run(fields=("email", "phone"))
+    results["pooled"] = {"a": {**first["a"], "across_seeds": out["a"]}}
+    text = run_markdown(results)
+    assert "Pooled, mean ± sd over 3 unlearning seeds (42, 1, 2)" in text
+    assert "| a | 0.333 ± 0.167 (n=6) |" in text and "ideal, ideal / x, x / y, z" in text

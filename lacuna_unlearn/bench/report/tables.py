@@ -381,4 +381,33 @@ def _pooled_table(results: dict[str, Any]) -> list[str]:
             f"| {name} | {cell('forget_leak')} | {cell('j_w')} | {cell('retain_eval_accuracy')} "
             f"| {cell('crossfield_accuracy')} | {regimes} |"
         )
+    return [*lines, "", *_pooled_seed_table(rows)]
+
+
+def _pooled_seed_table(rows: dict[str, Any]) -> list[str]:
+    """The pooled rates' mean ± sd over unlearning seeds (``pooled.<method>.across_seeds``); empty for one seed."""
+    summaries = {n: r["across_seeds"] for n, r in rows.items() if r.get("across_seeds")}
+    if not summaries:
+        return []
+    seeds = next(iter(summaries.values())).get("seeds") or []
+    lines = [
+        f"Pooled, mean ± sd over {len(seeds)} unlearning seeds ({', '.join(map(str, seeds))}); the table above is "
+        f"seed {seeds[0] if seeds else '?'}. n is the people × fields behind each seed's rate; the regimes are "
+        "per field, one group per seed.",
+        "",
+        "| method | forget leak | J_W | held-out retain acc | cross-field acc | regimes per seed |",
+        "|---|---|---|---|---|---|",
+    ]
+    for name, summary in summaries.items():
+        metrics = summary.get("metrics") or {}
+
+        def cell(metric: str, metrics: dict[str, Any] = metrics) -> str:
+            entry = metrics.get(metric)
+            return "n/a" if not entry else f"{_mean_sd(entry)}{_n(entry.get('people'))}"
+
+        regimes = " / ".join(", ".join(map(str, r or [])) for r in summary.get("regimes") or []) or "n/a"
+        lines.append(
+            f"| {name} | {cell('forget_leak')} | {cell('j_w')} | {cell('retain_eval_accuracy')} "
+            f"| {cell('crossfield_accuracy')} | {regimes} |"
+        )
     return [*lines, ""]
