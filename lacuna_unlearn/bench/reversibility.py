@@ -56,7 +56,7 @@ def relearned_rates(rel: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-def _relearn(
+def relearn_and_evaluate(
     stages: Stages,
     cfg: Mapping[str, Any],
     ctx: Mapping[str, Any],
@@ -132,7 +132,7 @@ def reversibility(
     rcfg = cfg["reversibility"]
     per_source: dict[str, Any] = {}
     for source in rcfg["sources"]:
-        rel = _relearn(stages, cfg, ctx, field, label, model, model_key, seed, source)
+        rel = relearn_and_evaluate(stages, cfg, ctx, field, label, model, model_key, seed, source)
         per_source[source] = {
             **relearned_rates(rel),
             "regime": regime(cfg, baseline["behaviour"], entry["behaviour"], rel),
@@ -150,46 +150,69 @@ def reversibility(
     }
 
 
-def negative_control(
-    stages: Stages, cfg: Mapping[str, Any], ctx: Mapping[str, Any], field: str, seed: int, people: int
-) -> dict[str, Any]:
-    """How much the relearning budget teaches from scratch: the testbed's model (before unlearning) relearned, with
-    the same restricted protocol (forget source, |D_f| rows, same learning rate and epochs), on ``people`` people it
-    never saw (a dataset generated with a seed of its own, one QA row per person as the forget split), then asked
-    their facts. Its leak before relearning shows the model did not know them."""
-    from lacuna_tasks import generate_dataset, stable_seed
+def _unseen_seed(ctx: Mapping[str, Any], field: str, seed: int) -> int:
+    """The generator seed of the negative control's people: its own stream per testbed, field and seed."""
+    from lacuna_tasks import stable_seed
 
-    gen_seed = stable_seed("negative-control", ctx["tb_key"], field, seed) % (2**31)
+    return stable_seed("negative-control", ctx["tb_key"], field, seed) % (2**31)
+
+
+def unseen_people(stages: Stages, ctx: Mapping[str, Any], field: str, seed: int, people: int) -> Path:
+    """The data of ``people`` synthetic people the testbed's model never saw (a dataset generated with a seed of its
+    own, one QA row per person as the forget split), cached as a stage: the negative control's people."""
+    from lacuna_tasks import generate_dataset
+
+    gen_seed = _unseen_seed(ctx, field, seed)
 
     def build_data(tmp: Path) -> None:
         generate_dataset(
             tmp / "data", profiles=max(60, 12 * people), seed=gen_seed, people_per_field=people, validation_people=1
         )
 
-    d_stage = stages.get(
+    return stages.get(
         "data", f"[{field}] negative control: {people} people the model never saw", {"seed": gen_seed,
         "people": people, "field": field}, build_data,
     )  # fmt: skip
+
+
+def negative_control(
+    stages: Stages,
+    cfg: Mapping[str, Any],
+    ctx: Mapping[str, Any],
+    field: str,
+    seed: int,
+    people: int,
+    tasks: list[str] | None = None,
+) -> dict[str, Any]:
+    """How much the relearning budget teaches from scratch: the testbed's model (before unlearning) relearned, with
+    the same restricted protocol (forget source, |D_f| rows, same learning rate and epochs), on ``people`` people it
+    never saw (:func:`unseen_people`), then asked their facts. Its leak before relearning shows the model did not know
+    them. ``tasks``: what is evaluated before and after (default forget QA); the behaviour on them is returned in
+    ``behaviour_before`` / ``behaviour_relearned`` (lacuna meta reads more than the leak)."""
+    d_stage = unseen_people(stages, ctx, field, seed, people)
     data = d_stage / "data"
     model = ctx["before"]
-    forget_qa = [f"lacuna_{field}_forget_qa"]
+    forget_qa = tasks or [f"lacuna_{field}_forget_qa"]
     before_eval, before_persons = eval_stage(
         stages, f"[{field}] evaluate the testbed model on the negative control's people", model,
         {"testbed": ctx["tb_key"], "data": d_stage.name}, forget_qa, data, cfg,
     )  # fmt: skip
     before = behaviour(before_eval, field, data, before_persons)
-    rel = _relearn(
+    rel = relearn_and_evaluate(
         stages, cfg, ctx, field, "the testbed model on unseen people", model, ctx["tb_key"], seed, "forget",
         data=data, data_key=d_stage.name, tasks=forget_qa,
     )  # fmt: skip
-    return {
+    out = {
         "name": "learn_from_scratch",
         "what": "the testbed's model relearned on people it never saw, same restricted protocol and budget",
         "people": people,
-        "data_seed": gen_seed,
+        "data_seed": _unseen_seed(ctx, field, seed),
         "before": {"forget_leak": before["forget_leak"], "n": before["n"]["forget_leak"]},
         "relearned": {"forget_leak": rel["forget_leak"], "n": rel["n"]["forget_leak"], "ci": rel["ci"]["forget_leak"]},
     }
+    if tasks is not None:
+        out.update(behaviour_before=before, behaviour_relearned=rel, data=str(data))
+    return out
 
 
 def _count(rate: float | None, n: int | None) -> tuple[int, int] | None:

@@ -102,6 +102,25 @@ def across_seeds(runs: Mapping[int, Mapping[str, Any]]) -> dict[str, Any]:
 POOLED_METRICS = ("forget_leak", "j_w", "retain_eval_accuracy", "crossfield_accuracy", "retain_accuracy")
 
 
+#: What the other seeds' entries (``by_field.<field>.seed_entries``) leave out: the first seed's entry has them.
+SLIM_DROPPED = ("per_layer", "precision_at_k", "trajectory", "localization_settings", "not_applicable")
+
+
+def field_context(cfg: Mapping[str, Any], testbed: Path, tb_key: str, field: str) -> dict[str, Any]:
+    """What every stage of one field reads: the testbed, its model before unlearning, its cache key, the data
+    directory and the field's lm-eval task group (the run's ``eval.tasks`` suffixes, plus the neutral perplexity
+    task where the testbed holds its held-out text)."""
+    from lacuna_metrics import resolve_testbed
+
+    layout = resolve_testbed(testbed)  # a lacuna-bench testbed or a LACUNA release regime directory
+    data = layout.data or testbed / "data"  # a release without data is refused up front
+    suffixes = cfg["eval"].get("tasks")
+    group = [f"lacuna_{field}_{t}" for t in suffixes] if suffixes else [f"lacuna_{field}"]
+    if cfg["eval"].get("neutral_ppl") and (data / NEUTRAL_HELDOUT_FILE).is_file():
+        group.append(NEUTRAL_PPL_TASK)
+    return {"testbed": testbed, "before": layout.before, "tb_key": tb_key, "data": data, "group": group}
+
+
 def pooled(by_field: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
     """One row per method over every field of a run: each rate of :data:`POOLED_METRICS` as the persons' total k of
     n over the fields (``n`` = people × fields), with its exact interval (:func:`lacuna_metrics.clopper_pearson`;
@@ -242,24 +261,17 @@ def _run_locked(out: Path, cfg: dict[str, Any], log: Callable[[str], None], lacu
         )
         testbed = stage / "testbed"
         tb_key = testbed_fingerprint(testbed)
-    from lacuna_metrics import resolve_testbed
-
-    layout = resolve_testbed(testbed)  # a lacuna-bench testbed or a LACUNA release regime directory
-    data, before = layout.data or testbed / "data", layout.before  # a release without data is refused up front
 
     # the testbed's own preset: a given testbed need not be the one the config's `preset` would build
     results: dict[str, Any] = {"schema": RUN_SCHEMA, "preset": testbed_preset(testbed), "testbed": str(testbed)}
     by_field: dict[str, Any] = {}
     seed_runs: dict[str, dict[str, dict[int, Any]]] = {}  # field -> method -> seed -> entry, for the pooled seeds
     for field in cfg["fields"]:
-        suffixes = cfg["eval"].get("tasks")
-        group = [f"lacuna_{field}_{t}" for t in suffixes] if suffixes else [f"lacuna_{field}"]
-        if cfg["eval"].get("neutral_ppl") and (data / NEUTRAL_HELDOUT_FILE).is_file():
-            group.append(NEUTRAL_PPL_TASK)
+        ctx = field_context(cfg, testbed, tb_key, field)
+        data, before, group = ctx["data"], ctx["before"], ctx["group"]
         base_eval = eval_stage(stages, f"[{field}] evaluate before", before, {"testbed": tb_key}, group, data, cfg)
         base_behaviour = behaviour(base_eval[0], field, data, base_eval[1])
         field_out: dict[str, Any] = {"baseline": {"behaviour": base_behaviour}, "methods": {}}
-        ctx = {"testbed": testbed, "before": before, "tb_key": tb_key, "data": data, "group": group}
         # the relearning attack's controls, in every seed: a regime is read only where they allow it
         with_controls = cfg["reversibility"]["enabled"] and cfg["reversibility"]["positive_control"]
         checks = (
@@ -281,6 +293,9 @@ def _run_locked(out: Path, cfg: dict[str, Any], log: Callable[[str], None], lacu
                 entry["across_seeds"] = across_seeds(runs)
             field_out["methods"][name] = entry
             seed_runs.setdefault(field, {})[name] = runs
+            for s in seeds[1:]:  # the other seeds' entries, for lacuna meta's pool (docs/meta.md)
+                slim = {k: v for k, v in runs[s].items() if k not in SLIM_DROPPED}
+                field_out.setdefault("seed_entries", {}).setdefault(str(s), {})[name] = slim
         if checks:
             field_out["positive_control"] = checks[seeds[0]]["positive"]
             field_out["negative_control"] = checks[seeds[0]]["negative"]
@@ -290,6 +305,7 @@ def _run_locked(out: Path, cfg: dict[str, Any], log: Callable[[str], None], lacu
                         "positive_passed": c["positive"]["attack_strong_enough"],
                         "reason": c["positive"].get("reason"),
                         "silenced": c["positive"]["silenced"],
+                        "negative_before_leak": c["negative"]["before"]["forget_leak"],
                         "negative_relearned_leak": c["negative"]["relearned"]["forget_leak"],
                     }
                     for s, c in checks.items()
