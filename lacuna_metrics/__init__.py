@@ -47,6 +47,16 @@ _EXPORTS: dict[str, str] = {
             "writing",
         ),
         "lacuna_metrics.frag.targets": ("linear_frag_weights",),
+        "lacuna_metrics.meta.correlation": ("MIN_MODELS", "leave_one_out", "spearman"),
+        "lacuna_metrics.meta.faithfulness": ("faithfulness_auc",),
+        "lacuna_metrics.meta.noise": ("noise_ranking",),
+        "lacuna_metrics.meta.robustness": (
+            "UNDEFINED_RULES",
+            "harmonic_mean",
+            "mean_interval",
+            "quantization_robustness",
+            "relearning_robustness",
+        ),
         "lacuna_metrics.layout": (
             "Layout",
             "LayoutError",
@@ -126,6 +136,7 @@ _EXPORTS: dict[str, str] = {
             "file_fingerprint",
         ),
         "lacuna_metrics.weights.fingerprints": ("file_digest", "tree_fingerprint"),
+        "lacuna_metrics.weights.quantize": ("QUANT_BITS", "quantize_checkpoint"),
         "lacuna_metrics.weights.threads": ("configure_threads",),
     }.items()
     for name in names
