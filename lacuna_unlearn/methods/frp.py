@@ -39,9 +39,12 @@ __all__ = [
     "EPS",
     "FRPConfig",
     "apply_frp",
+    "editor_paths",
     "frp_prune_mask",
     "frp_scores",
+    "load_stored",
     "prune_from_activations",
+    "publish_edit",
     "run_frp",
     "run_from_config",
 ]
@@ -292,16 +295,8 @@ def prune_from_activations(
 
     ``cfg`` is a validated config with ``calib_samples``, ``max_length`` and ``seed``.
     """
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from lacuna_unlearn.publish import publish_checkpoint
-
     started = time.perf_counter()
-    model_path, out = Path(model_dir), Path(out_dir)
-    if not model_path.is_dir():
-        raise FileNotFoundError(f"model directory not found: {model_path}")
-    if out.exists():
-        raise FileExistsError(f"{out} exists; remove it or choose another out_dir")
+    model_path, out = editor_paths(model_dir, out_dir)
     forget = list(forget_texts)[: cfg.calib_samples]
     retain = list(retain_texts)[: cfg.calib_samples]
     torch.manual_seed(cfg.seed)  # the pruners are deterministic; seeded anyway for the record
@@ -309,8 +304,7 @@ def prune_from_activations(
     stats = activation_stats(
         model_path, forget, retain, cache_dir=cache_dir, target=target, max_length=cfg.max_length, dtype=_CALIB_DTYPE
     )
-    model = AutoModelForCausalLM.from_pretrained(model_path, **_load_kwargs())
-    tokenizer = AutoTokenizer.from_pretrained(model_path, local_files_only=True, trust_remote_code=False)
+    model, tokenizer = load_stored(model_path)
     result = apply(model, stats.forget, stats.retain, cfg)
     manifest = {
         **describe,
@@ -324,10 +318,40 @@ def prune_from_activations(
             "activation_cache_hit": stats.cached,
         },
         **{key: result[key] for key in result_keys},
-        "seed": cfg.seed,
-        "wall_seconds": round(time.perf_counter() - started, 3),
     }
-    return publish_checkpoint(model, tokenizer, out, manifest)  # adds versions + hardware (build_manifest)
+    return publish_edit(model, tokenizer, out, manifest, seed=cfg.seed, started=started)
+
+
+def editor_paths(model_dir: str | os.PathLike[str], out_dir: str | os.PathLike[str]) -> tuple[Path, Path]:
+    """``(model_dir, out_dir)`` of a training-free editor as paths: the model directory must exist and the output
+    must not (:func:`publish_edit` builds it in ``<out_dir>.partial`` and renames it at the end)."""
+    model_path, out = Path(model_dir), Path(out_dir)
+    if not model_path.is_dir():
+        raise FileNotFoundError(f"model directory not found: {model_path}")
+    if out.exists():
+        raise FileExistsError(f"{out} exists; remove it or choose another out_dir")
+    return model_path, out
+
+
+def load_stored(model_path: Path) -> tuple[Any, Any]:
+    """The model of ``model_path`` in its stored dtype, and its tokenizer (local files only, no remote code)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(model_path, **_load_kwargs())
+    tokenizer = AutoTokenizer.from_pretrained(model_path, local_files_only=True, trust_remote_code=False)
+    return model, tokenizer
+
+
+def publish_edit(
+    model: Any, tokenizer: Any, out: Path, manifest: Mapping[str, Any], *, seed: int, started: float
+) -> Path:
+    """Save an editor's ``model`` + ``tokenizer`` and ``manifest`` (plus the run's ``seed`` and the wall seconds since
+    ``started``, a ``time.perf_counter()``) to ``out`` atomically; the manifest gets versions + hardware
+    (:func:`lacuna_unlearn.publish.publish_checkpoint`)."""
+    from lacuna_unlearn.publish import publish_checkpoint
+
+    manifest = {**manifest, "seed": seed, "wall_seconds": round(time.perf_counter() - started, 3)}
+    return publish_checkpoint(model, tokenizer, out, manifest)
 
 
 def run_from_config(

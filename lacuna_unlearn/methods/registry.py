@@ -5,8 +5,9 @@ checks, ``lacuna run``'s plan) does not import torch or any method module. Two k
 
 * ``method``: a :class:`lacuna_unlearn.methods.base.Method` dataclass that the trainer optimises
   (:func:`lacuna_unlearn.trainer.loop.unlearn`).
-* ``editor``: a training-free method (closed-form edit, pruning). ``target`` is its ``run_from_config(model,
-  forget_rows, retain_rows, out, args, *, seed, data)``, which writes an HF checkpoint.
+* ``editor``: a training-free method (closed-form edit, pruning; also the ``null_*`` noise controls, which are not
+  unlearning methods). ``target`` is its ``run_from_config(model, forget_rows, retain_rows, out, args, *, seed,
+  data)``, which writes an HF checkpoint.
 
 ``config`` is the method's settings dataclass (:mod:`lacuna_unlearn.methods.settings`, torch-free), which the
 method class inherits: its field defaults are ``method.args``' defaults (:func:`store_method_configs`).
@@ -74,6 +75,9 @@ REGISTRY: dict[str, Entry] = {
     "frp": _editor("frp", "FRPSettings"),
     "alpha_edit": _editor("alpha_edit.edit", "AlphaEditSettings"),
     "selective_pruning": _editor("selective_pruning", "SPSettings"),
+    # noise controls, not unlearning methods: a method-free update of a given size (docs/unlearning.md)
+    "null_gaussian": _editor("method_free", "MethodFreeSettings"),
+    "null_weight_decay": _editor("method_free", "NullWeightDecaySettings"),
 }
 
 

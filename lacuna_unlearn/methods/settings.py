@@ -20,8 +20,10 @@ __all__ = [
     "IdkDPOSettings",
     "JensUnSettings",
     "MemFlexSettings",
+    "MethodFreeSettings",
     "MethodSettings",
     "NPOSettings",
+    "NullWeightDecaySettings",
     "RLabelSettings",
     "RMUSettings",
     "SPSettings",
@@ -191,3 +193,24 @@ class AlphaEditSettings:
     cov_files: list[str] = field(default_factory=list)  #: extra text files, one text per line
     cov_samples: int = 100_000  #: at most this many preserved-knowledge texts
     max_length: int = 256
+
+
+@dataclass
+class MethodFreeSettings:
+    """A method-free update of a given size (``null_gaussian``, ``null_weight_decay``;
+    lacuna_unlearn/methods/method_free.py): a noise control, not an unlearning method. It ignores the forget and retain
+    rows. These defaults are ``null_gaussian``'s."""
+
+    kind: str = "gaussian"  #: "gaussian" (N(0, 1), scaled per tensor) | "weight_decay" (-size x theta, no draws)
+    size: float = 0.01  #: ||delta||_2 / ||theta||_2 of every tensor in scope, before rounding to the stored dtype
+    #: the tensors updated: a FRAG target (lacuna_metrics.frag.targets), as ``linear_weight_names`` reads it; "all":
+    #: the 2-D projection weights of the transformer blocks (embeddings, lm_head, norms and biases unchanged)
+    scope: str = "all"
+
+
+@dataclass
+class NullWeightDecaySettings(MethodFreeSettings):
+    """``null_weight_decay``: :class:`MethodFreeSettings` with ``kind="weight_decay"`` (the registry gives a name
+    its dataclass's defaults, so the second name's default kind needs its own class)."""
+
+    kind: str = "weight_decay"

@@ -26,6 +26,9 @@ EDITOR_WORKERS = {
     "alpha_edit": ("lacuna_unlearn.methods.alpha_edit.edit", "run_alpha_edit"),
     "frp": ("lacuna_unlearn.methods.frp", "run_frp"),
     "selective_pruning": ("lacuna_unlearn.methods.selective_pruning", "run_selective_pruning"),
+    # the noise controls read no text at all (the recorder sees the model and output paths and the settings)
+    "null_gaussian": ("lacuna_unlearn.methods.method_free", "run_method_free"),
+    "null_weight_decay": ("lacuna_unlearn.methods.method_free", "run_method_free"),
 }
 
 

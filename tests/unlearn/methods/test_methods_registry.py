@@ -37,6 +37,8 @@ BEFORE = {
     "memflex": ("memflex", "none", {'gamma': 1.0, 'alpha': 1.0, 'forget_factor': -0.6, 'retain_factor': 2.0, 'cos_threshold': 0.92, 'grad_threshold': 0.0006, 'locate_batch_size': 8, 'random_labels': True, 'seed': 42}),
     "npo": ("npo", "none", {'gamma': 1.0, 'alpha': 1.0, 'retain_loss_type': 'nll', 'beta': 0.1}),
     "npo_kl": ("npo", "none", {'gamma': 1.0, 'alpha': 1.0, 'retain_loss_type': 'kl', 'beta': 0.1}),
+    "null_gaussian": ("null_gaussian", "none", {'kind': 'gaussian', 'size': 0.01, 'scope': 'all', 'seed': 42}),
+    "null_weight_decay": ("null_weight_decay", "none", {'kind': 'weight_decay', 'size': 0.01, 'scope': 'all', 'seed': 42}),
     "oracle_grad": ("grad_diff", "forget_mask", {'gamma': 1.0, 'alpha': 1.0, 'retain_loss_type': 'nll'}),
     "rlabel": ("rlabel", "none", {'gamma': 1.0, 'alpha': 1.0, 'retain_loss_type': 'nll', 'seed': 42}),
     "rmu": ("rmu", "none", {'gamma': 1.0, 'alpha': 1.0, 'retain_loss_type': 'embed_diff', 'layer': -1, 'steering_coeff': 2.0, 'seed': 42}),
@@ -52,6 +54,8 @@ EDITOR_CONFIGS = {
     "frp": "lacuna_unlearn.methods.frp:FRPConfig",
     "alpha_edit": "lacuna_unlearn.methods.alpha_edit.edit:AlphaEditConfig",
     "selective_pruning": "lacuna_unlearn.methods.selective_pruning:SPConfig",
+    "null_gaussian": "lacuna_unlearn.methods.method_free:MethodFreeConfig",
+    "null_weight_decay": "lacuna_unlearn.methods.method_free:MethodFreeConfig",
 }
 
 
@@ -80,7 +84,7 @@ def test_importing_the_registry_and_composing_imports_no_method_module():
 
 def test_views_and_lookup_errors():
     assert {"grad_diff", "simnpo", "wagle", "finetune"} <= set(METHODS) and set(EDITORS) == {
-        "frp", "alpha_edit", "selective_pruning",
+        "frp", "alpha_edit", "selective_pruning", "null_gaussian", "null_weight_decay",
     }  # fmt: skip
     assert not set(METHODS) & set(EDITORS) and set(METHODS) | set(EDITORS) == set(REGISTRY)
     from lacuna_unlearn.methods.simnpo import SimNPO
