@@ -29,6 +29,7 @@ COMMANDS: dict[str, str] = {
     "diagnose": "lacuna_unlearn.bench.cli.diagnose",
     "reversibility": "lacuna_unlearn.bench.cli.reversibility",
     "run": "lacuna_unlearn.bench.cli.run",
+    "meta": "lacuna_unlearn.bench.cli.meta",
     "gate": "lacuna_unlearn.bench.gate.command",  # argparse flags live with the gate logic
 }
 

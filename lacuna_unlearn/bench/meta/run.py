@@ -1,0 +1,255 @@
+"""``lacuna meta``: which measurement predicts that forgetting lasts, over the pool of a ``lacuna run``
+(docs/meta.md). Reads the run's ``results.json``, adds its own stages to the run's stage cache (noise controls,
+relearned and quantized evaluations, diagnostics, faithfulness pools), and writes ``meta.json``, ``meta.md`` and
+``plots/`` together."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import math
+import statistics
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from lacuna_unlearn.bench.meta.pool import NOISE_METHODS, OUTCOMES, PREDICTORS, PoolModel, pool_models
+
+__all__ = ["META_SCHEMA", "MetaSettings", "check_pool", "load_meta_preset", "run_meta"]
+
+logger = logging.getLogger(__name__)
+
+META_SCHEMA = "lacuna-bench/meta"
+META_VERSION = 1
+
+
+@dataclass(frozen=True)
+class MetaSettings:
+    """What ``lacuna meta`` computes beyond the run's own numbers (docs/meta.md)."""
+
+    noise: bool = True  #: the noise controls (method-free updates at the pool's median L2) enter the pool
+    diagnostics: bool = True  #: mean PCA distance, CKA and Fisher shift as predictors
+    quantize_bits: tuple[int, ...] = (8, 4)  #: metric robustness under round-to-nearest quantization
+    perturbations: int = 2  #: light perturbations of the testbed model in each faithfulness pool
+    perturbation_size: float = 0.01  #: their relative L2 per tensor
+    draws: int = 2000  #: bootstrap draws of every interval
+    seed: int = 0  #: the bootstrap's seed
+    top: float = 0.25  #: the share predicted most robust where a noise control must not appear
+
+
+def load_meta_preset(name: str, overrides: Mapping[str, Any] | None = None) -> tuple[dict[str, Any], MetaSettings]:
+    """A meta preset (``lacuna_unlearn/presets/meta/<name>.yaml``): the run config of its ``run`` (a run preset
+    and overrides, then ``overrides``, validated as ``lacuna run`` does) and its ``meta`` settings. Unknown keys
+    are refused by name."""
+    import yaml
+
+    from lacuna_unlearn.bench.run import load_run_config
+    from lacuna_unlearn.dataclass_config import preset_path
+
+    path = preset_path("meta", name)
+    raw = yaml.safe_load(path.read_text()) or {}
+    unknown = sorted(set(raw) - {"run", "meta"})
+    if unknown:
+        raise ValueError(f"{path}: unknown key {unknown[0]!r} (expected run, meta)")
+    run = raw.get("run") or {}
+    cfg = load_run_config(
+        preset=run.get("preset", "mini"), overrides={**(run.get("overrides") or {}), **dict(overrides or {})}
+    )
+    fields = {f.name for f in dataclasses.fields(MetaSettings)}
+    meta = raw.get("meta") or {}
+    bad = sorted(set(meta) - fields)
+    if bad:
+        raise ValueError(f"{path}: meta.{bad[0]}: unknown setting (expected one of {sorted(fields)})")
+    if "quantize_bits" in meta:
+        meta["quantize_bits"] = tuple(meta["quantize_bits"])
+    return cfg, MetaSettings(**meta)
+
+
+def _load_results(run_dir: Path) -> dict[str, Any]:
+    path = run_dir / "results.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: not found; lacuna meta reads a `lacuna run --out {run_dir}` directory")
+    try:
+        results = json.loads(path.read_text())
+    except ValueError as exc:
+        raise ValueError(f"{path}: not JSON ({exc})") from None
+    for key in ("by_field", "testbed", "manifest"):
+        if key not in results:
+            raise ValueError(f"{path}: no `{key}`: not a lacuna run's results.json")
+    return results
+
+
+def check_pool(pool: list[PoolModel], before: Path) -> None:
+    """Every model of the pool is a checkpoint of the run's testbed: its config names the testbed model's
+    architecture (model type, layers, width, vocabulary). Refused in one line naming the first that is not."""
+    keys = ("model_type", "num_hidden_layers", "hidden_size", "vocab_size")
+    ref = json.loads((before / "config.json").read_text())
+    for m in pool:
+        path = Path(m.model) / "config.json"
+        if not path.is_file():
+            raise FileNotFoundError(f"{m.name}: {path}: not found (the run's stage cache was cleared?)")
+        cfg = json.loads(path.read_text())
+        diff = [k for k in keys if cfg.get(k) != ref.get(k)]
+        if diff:
+            raise ValueError(
+                f"{m.name}: {m.model} is not a checkpoint of the run's testbed ({before}): "
+                + ", ".join(f"{k} {cfg.get(k)!r} vs {ref.get(k)!r}" for k in diff)
+            )
+
+
+def _norms(model: Path) -> tuple[float, float]:
+    """(‖θ‖₂ over every floating tensor, ‖θ‖₂ over the method-free updates' scope: the blocks' linear weights)
+    of the testbed's model (float64 sums; the model is small enough to load once)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from lacuna_metrics import linear_weight_names
+
+    net = AutoModelForCausalLM.from_pretrained(model, torch_dtype=torch.float32)
+    params = dict(net.named_parameters())
+    scope = set(linear_weight_names(net, "all").values())
+    total = sum(float(p.double().pow(2).sum()) for p in net.state_dict().values() if p.is_floating_point())
+    inside = sum(float(params[n].double().pow(2).sum()) for n in scope)
+    return math.sqrt(total), math.sqrt(inside)
+
+
+def run_meta(
+    run_dir: str | Path,
+    out: str | Path | None = None,
+    settings: MetaSettings | None = None,
+    *,
+    log: Callable[[str], None] = logger.info,
+) -> dict[str, Any]:
+    """The meta-evaluation of the run in ``run_dir`` (module docstring), written to ``out`` (default
+    ``run_dir/meta``); returns ``meta.json``'s content."""
+    from lacuna_metrics import build_manifest, publish_together, write_json
+    from lacuna_unlearn.bench.meta import analysis
+    from lacuna_unlearn.bench.meta import stages as meta_stages
+    from lacuna_unlearn.bench.meta.report import write_meta_report
+    from lacuna_unlearn.bench.run import field_context
+    from lacuna_unlearn.bench.stages import Stages, locked, testbed_fingerprint
+
+    settings = settings or MetaSettings()
+    run_dir = Path(run_dir)
+    out_dir = Path(out) if out is not None else run_dir / "meta"
+    results = _load_results(run_dir)
+    cfg = results["manifest"]["config"]
+    testbed = Path(results["testbed"])
+    pool = pool_models(results)
+    if not pool:
+        raise ValueError(f"{run_dir / 'results.json'}: no unlearned model in the run (methods: {{}})")
+    started = time.time()
+    with locked(run_dir):
+        tb_key = testbed_fingerprint(testbed)
+        stages = Stages(run_dir / "stages", log)
+        first_seed = pool[0].seed
+        fields = list(results["by_field"])
+        robust_models: list[dict[str, Any]] = []
+        faith_pools: dict[str, list[dict[str, Any]]] = {"knows": [], "never_learned": []}
+        noise_sizes: dict[str, Any] = {}
+        for field in fields:
+            ctx = field_context(cfg, testbed, tb_key, field)
+            if field == fields[0]:
+                check_pool(pool, Path(ctx["before"]))
+                theta, theta_scope = _norms(Path(ctx["before"]))
+            baseline = results["by_field"][field]["baseline"]
+            people = int(((baseline.get("behaviour") or {}).get("n") or {}).get("forget_leak") or 1)
+            if settings.noise:
+                l2s = [m.predictors["l2"] for m in pool if m.field == field and m.predictors.get("l2") is not None]
+                if l2s:
+                    # a relative size per tensor whose global L2 over the scope is the median method's L2
+                    size = statistics.median(l2s) / theta_scope
+                    noise_sizes[field] = {"median_method_l2": statistics.median(l2s), "relative_size": size}
+                    for method in NOISE_METHODS:
+                        entry = meta_stages.noise_control(stages, cfg, ctx, field, method, size, first_seed, baseline)
+                        model = PoolModel(field, method, first_seed, entry, noise=True)
+                        model.read()
+                        noise_sizes[field][f"{method}_l2"] = model.predictors.get("l2")
+                        pool.append(model)
+            reference = meta_stages.reference_relearning(stages, cfg, ctx, field, first_seed, people)
+            for m in [m for m in pool if m.field == field and m.seed == first_seed]:
+                model = Path(m.model)
+                label = m.method
+                if m.predictors.get("l2") is not None:
+                    m.predictors["relative_l2"] = m.predictors["l2"] / theta
+                if settings.diagnostics:
+                    m.predictors.update(meta_stages.diagnostics(stages, ctx, field, label, model))
+                entry = {
+                    "model": m.name,
+                    "before": {k: (m.entry.get("behaviour") or {}).get(k) for k in meta_stages.FORGET_SIDE},
+                    "relearned": meta_stages.relearned_behaviour(stages, cfg, ctx, field, label, model, m.seed),
+                    "reference": reference,
+                    "quantized": {
+                        b: meta_stages.quantized_behaviour(stages, cfg, ctx, field, label, model, b)
+                        for b in settings.quantize_bits
+                    },
+                    "noise": m.noise,
+                }
+                robust_models.append(entry)
+            pools = meta_stages.knows_and_never_learned(
+                stages, cfg, ctx, field, first_seed, people, settings.perturbations, settings.perturbation_size
+            )
+            for k in faith_pools:
+                faith_pools[k].extend(pools[k])
+
+        kw = {"draws": settings.draws, "seed": settings.seed}
+        meta: dict[str, Any] = {
+            "schema": META_SCHEMA,
+            "version": META_VERSION,
+            "run": str(run_dir),
+            "testbed": str(testbed),
+            "settings": asdict(settings),
+            "pool": {
+                "models": len(pool),
+                "methods": sorted({m.method for m in pool}),
+                "fields": fields,
+                "seeds": sorted({m.seed for m in pool}),
+                "noise_controls": [m.name for m in pool if m.noise],
+                "noise_sizes": noise_sizes,
+                "rows": [
+                    {
+                        "model": m.name,
+                        "method": m.method,
+                        "field": m.field,
+                        "seed": m.seed,
+                        "noise": m.noise,
+                        "predictors": m.predictors,
+                        "outcomes": m.outcomes,
+                    }  # fmt: skip
+                    for m in pool
+                ],
+            },
+            "predictors": {p: d for p, (_, d) in PREDICTORS.items()}
+            | {
+                "relative_l2": "L2 of the update over ‖θ_before‖ (all floating tensors)",
+                "mean_pca_distance": "mean PCA distance over the transformer layers (Unlearning Isn't Deletion)",
+                "cka": "mean linear CKA over the transformer layers (lower: representations moved more)",
+                "fisher_shift": "mean over layers of |Δ log10 mean Fisher| against the testbed model",
+            },
+            "outcomes": {o: d for o, (_, d) in OUTCOMES.items()},
+            "correlation": analysis.correlations(pool, top=settings.top, **kw),
+            "faithfulness": {
+                "pools": {k: len(v) for k, v in faith_pools.items()},
+                "knows": "the testbed model and its light perturbations on their forget people",
+                "never_learned": "the same models on people none of them saw (the negative control's people)",
+                "metrics": analysis.faithfulness(faith_pools, meta_stages.FORGET_SIDE, **kw),
+            },
+            "robustness": {
+                "models": len(robust_models),
+                "reference": "the testbed model on the negative control's people, relearned on the same budget",
+                **analysis.robustness(robust_models, meta_stages.FORGET_SIDE, settings.quantize_bits, **kw),
+            },
+        }
+        meta["manifest"] = build_manifest(
+            config={"meta": asdict(settings), "run": cfg},
+            seed=settings.seed,
+            stage_seconds=stages.timings,
+            wall_seconds=round(time.time() - started, 1),
+        )
+        with publish_together(out_dir) as staging:
+            write_meta_report(staging, meta)
+            write_json(staging / "meta.json", meta)
+    return meta
