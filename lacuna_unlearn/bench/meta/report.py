@@ -156,6 +156,10 @@ def _scatter(plt: Any, path: Path, meta: dict[str, Any], predictor: str, outcome
             [p[0] for p in pts], [p[1] for p in pts], label=method + (" (noise)" if noise else ""),
             marker="x" if noise else "o", color="black" if noise else cmap(i % 20), s=28, alpha=0.8,
         )  # fmt: skip
+    xs = [r["predictors"].get(predictor) for r in rows]
+    xs = [x for x in xs if isinstance(x, (int, float))]
+    if xs and min(xs) > 0 and max(xs) / min(xs) > 100:  # L2 and its kin span decades: one method would flatten the rest
+        ax.set_xscale("log")
     rho = (
         "n/a" if cell.get("rho") is None else f"{cell['rho']:+.2f} [{_num(cell.get('low'))}, {_num(cell.get('high'))}]"
     )
@@ -163,6 +167,7 @@ def _scatter(plt: Any, path: Path, meta: dict[str, Any], predictor: str, outcome
     ax.set_xlabel(predictor)
     ax.set_ylabel(outcome)
     ax.legend(fontsize=6, loc="best", ncol=2)
+    fig.tight_layout()
     from lacuna_metrics import save_figure
 
     save_figure(fig, path)
@@ -189,10 +194,14 @@ def write_meta_report(out: Path, meta: dict[str, Any]) -> list[Path]:
     highs = [max(c["high"] - r, 0.0) if c.get("high") is not None else 0.0 for r, c in zip(rhos, cells, strict=True)]
     colors = ["tab:red" if (c.get("noise_controls") or {}).get("ranked_robust") else "tab:blue" for c in cells]
     ax.barh(names, rhos, xerr=[lows, highs], color=colors, alpha=0.8, capsize=3)
+    for i, c in enumerate(cells):
+        if c.get("rho") is None:  # undefined (no pairs, or a constant side): said, not drawn as a zero
+            ax.text(0.02, i, f"n/a (n={c.get('n')})", va="center", fontsize=7, color="gray")
     ax.axvline(0, color="black", lw=0.8)
     ax.set_xlim(-1, 1)
     ax.set_xlabel(f"Spearman ρ with {outcome} (95% bootstrap)")
     ax.set_title("Predictors ranked by |ρ| (red: ranks a noise control as robust)", fontsize=9)
+    fig.tight_layout()
     path = out / "plots" / "ranking.png"
     save_figure(fig, path)
     written.append(path)
