@@ -35,6 +35,8 @@ def meta_run(smoke_testbed, tmp_path_factory) -> Path:
 
 def test_meta_smoke_writes_the_tables_plots_and_every_number_with_its_n(meta_run):
     meta = json.loads((meta_run / "meta" / "meta.json").read_text())
+    assert meta["schema"] == {"name": "lacuna-bench/meta", "version": 1}
+    assert meta["manifest"]["config"]["meta"]["draws"] == 200 and meta["manifest"]["versions"]
     pool = meta["pool"]
     # 4 methods x 2 seeds + 2 noise controls (the first seed only)
     assert pool["models"] == 10 and len(pool["noise_controls"]) == 2

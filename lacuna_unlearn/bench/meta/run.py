@@ -18,12 +18,9 @@ from typing import Any
 
 from lacuna_unlearn.bench.meta.pool import NOISE_METHODS, OUTCOMES, PREDICTORS, PoolModel, pool_models
 
-__all__ = ["META_SCHEMA", "MetaSettings", "check_pool", "load_meta_preset", "run_meta"]
+__all__ = ["MetaSettings", "check_pool", "load_meta_preset", "run_meta"]
 
 logger = logging.getLogger(__name__)
-
-META_SCHEMA = "lacuna-bench/meta"
-META_VERSION = 1
 
 
 @dataclass(frozen=True)
@@ -125,7 +122,7 @@ def run_meta(
 ) -> dict[str, Any]:
     """The meta-evaluation of the run in ``run_dir`` (module docstring), written to ``out`` (default
     ``run_dir/meta``); returns ``meta.json``'s content."""
-    from lacuna_metrics import build_manifest, publish_together, write_json
+    from lacuna_metrics import build_manifest, publish_together, schema_stamp, write_json
     from lacuna_unlearn.bench.meta import analysis
     from lacuna_unlearn.bench.meta import stages as meta_stages
     from lacuna_unlearn.bench.meta.report import write_meta_report
@@ -197,8 +194,7 @@ def run_meta(
 
         kw = {"draws": settings.draws, "seed": settings.seed}
         meta: dict[str, Any] = {
-            "schema": META_SCHEMA,
-            "version": META_VERSION,
+            "schema": schema_stamp("meta"),
             "run": str(run_dir),
             "testbed": str(testbed),
             "settings": asdict(settings),
