@@ -4,6 +4,7 @@ for the headline outcome."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +47,16 @@ def ranking(meta: dict[str, Any], outcome: str = HEADLINE_OUTCOME) -> list[tuple
     return sorted(cells, key=lambda pc: -abs(pc[1]["rho"]) if pc[1].get("rho") is not None else 1.0)
 
 
+def _predictor_table(
+    meta: dict[str, Any], outcomes: list[str], cell: Callable[[dict[str, Any]], str], title: str, text: str
+) -> list[str]:
+    """A section: ``title``, ``text``, then one row per predictor with ``cell`` of each outcome's ρ entry."""
+    lines = ["", title, "", text, "", "| predictor | " + " | ".join(outcomes) + " |", "|---|" + "---|" * len(outcomes)]
+    for p, row in meta["correlation"].items():
+        lines.append(f"| {p} | " + " | ".join(cell(row[o]) for o in outcomes if o in row) + " |")
+    return lines
+
+
 def meta_markdown(meta: dict[str, Any]) -> str:
     pool = meta["pool"]
     outcomes = list(meta["outcomes"])
@@ -68,31 +79,17 @@ def meta_markdown(meta: dict[str, Any]) -> str:
     for p, row in meta["correlation"].items():
         lines.append(f"| {p} | " + " | ".join(_rho_cell(row[o]) for o in outcomes if o in row) + " |")
     headline = [o for o in outcomes if not o.startswith("delta_")]
-    lines += [
-        "",
-        "## Leave one method out (FRAG's circularity check)",
-        "",
+    lines += _predictor_table(
+        meta, headline, _loo_cell, "## Leave one method out (FRAG's circularity check)",
         "The range of ρ over the pools without each method in turn, and the method whose removal moves ρ most.",
-        "",
-        "| predictor | " + " | ".join(headline) + " |",
-        "|---|" + "---|" * len(headline),
-    ]
-    for p, row in meta["correlation"].items():
-        lines.append(f"| {p} | " + " | ".join(_loo_cell(row[o]) for o in headline if o in row) + " |")
+    )  # fmt: skip
     top = meta["settings"]["top"]
-    lines += [
-        "",
-        "## Noise controls",
-        "",
+    lines += _predictor_table(
+        meta, headline, _noise_cell, "## Noise controls",
         f"Method-free updates at the pool's median L2 ({', '.join(pool['noise_controls']) or 'none'}). A predictor "
         f"fails when it places one in the top {top:.0%} of predicted robustness (its percentile shown; 1 = predicted "
         "most robust).",
-        "",
-        "| predictor | " + " | ".join(headline) + " |",
-        "|---|" + "---|" * len(headline),
-    ]
-    for p, row in meta["correlation"].items():
-        lines.append(f"| {p} | " + " | ".join(_noise_cell(row[o]) for o in headline if o in row) + " |")
+    )  # fmt: skip
     faith = meta["faithfulness"]
     lines += [
         "",

@@ -364,24 +364,37 @@ def _pooled_table(results: dict[str, Any]) -> list[str]:
         "Each rate is the persons' total over the fields (n = people × fields) with its exact 95% interval; the "
         "regimes are listed per field.",
         "",
-        "| method | forget leak | J_W | held-out retain acc | cross-field acc | regimes |",
-        "|---|---|---|---|---|---|",
+        _pooled_header("regimes"),
+        "|---|" + "---|" * (len(POOLED_COLUMNS) + 1),
     ]
     for name, row in rows.items():
         rates = row.get("rates") or {}
 
-        def cell(metric: str, rates: dict[str, Any] = rates) -> str:
-            entry = rates.get(metric)
-            if not entry:
-                return "n/a"
+        def cell(entry: dict[str, Any]) -> str:
             return f"{entry['value']:.2f}{_interval(entry['ci'])}{_n(entry['ci']['n'])}"
 
         regimes = ", ".join(str(r) for r in row.get("regimes") or [])
-        lines.append(
-            f"| {name} | {cell('forget_leak')} | {cell('j_w')} | {cell('retain_eval_accuracy')} "
-            f"| {cell('crossfield_accuracy')} | {regimes} |"
-        )
+        lines.append(_pooled_row(name, rates, cell, regimes))
     return [*lines, "", *_pooled_seed_table(rows)]
+
+
+#: The pooled tables' rate columns: (header, results.json pooled metric).
+POOLED_COLUMNS = (
+    ("forget leak", "forget_leak"),
+    ("J_W", "j_w"),
+    ("held-out retain acc", "retain_eval_accuracy"),
+    ("cross-field acc", "crossfield_accuracy"),
+)
+
+
+def _pooled_header(last: str) -> str:
+    return "| method | " + " | ".join(h for h, _ in POOLED_COLUMNS) + f" | {last} |"
+
+
+def _pooled_row(name: str, values: dict[str, Any], cell: Any, last: str) -> str:
+    """One pooled row: ``cell(entry)`` of each column's entry in ``values`` (n/a where missing), then ``last``."""
+    cells = [cell(values[m]) if values.get(m) else "n/a" for _, m in POOLED_COLUMNS]
+    return f"| {name} | " + " | ".join(cells) + f" | {last} |"
 
 
 def _pooled_seed_table(rows: dict[str, Any]) -> list[str]:
@@ -395,19 +408,12 @@ def _pooled_seed_table(rows: dict[str, Any]) -> list[str]:
         f"seed {seeds[0] if seeds else '?'}. n is the people × fields behind each seed's rate; the regimes are "
         "per field, one group per seed.",
         "",
-        "| method | forget leak | J_W | held-out retain acc | cross-field acc | regimes per seed |",
-        "|---|---|---|---|---|---|",
+        _pooled_header("regimes per seed"),
+        "|---|" + "---|" * (len(POOLED_COLUMNS) + 1),
     ]
     for name, summary in summaries.items():
-        metrics = summary.get("metrics") or {}
-
-        def cell(metric: str, metrics: dict[str, Any] = metrics) -> str:
-            entry = metrics.get(metric)
-            return "n/a" if not entry else f"{_mean_sd(entry)}{_n(entry.get('people'))}"
-
         regimes = " / ".join(", ".join(map(str, r or [])) for r in summary.get("regimes") or []) or "n/a"
         lines.append(
-            f"| {name} | {cell('forget_leak')} | {cell('j_w')} | {cell('retain_eval_accuracy')} "
-            f"| {cell('crossfield_accuracy')} | {regimes} |"
+            _pooled_row(name, summary.get("metrics") or {}, lambda e: f"{_mean_sd(e)}{_n(e.get('people'))}", regimes)
         )
     return [*lines, ""]
