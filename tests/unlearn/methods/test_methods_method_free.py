@@ -6,6 +6,7 @@ Hydra entry point writes the model or refuses a bad setting in one line naming i
 from __future__ import annotations
 
 import json
+import logging
 import sys
 from pathlib import Path
 
@@ -171,11 +172,20 @@ def _cli(monkeypatch, capsys, *overrides: str) -> tuple[int, str]:
     from lacuna_unlearn.trainer.app import main
 
     monkeypatch.setattr(sys, "argv", ["lacuna-unlearn", *overrides])
+    # Hydra's job logging (`disabled`: disable_existing_loggers) would silence this process's loggers for every
+    # later test in the worker: keep their state and put it back
+    loggers = [logging.getLogger(n) for n in list(logging.root.manager.loggerDict)]
+    saved = [(lg, lg.disabled) for lg in loggers]
+    root_level = logging.root.level
     code = 0
     try:
         main()
     except SystemExit as exc:
         code = int(exc.code or 0)
+    finally:
+        for lg, disabled in saved:
+            lg.disabled = disabled
+        logging.root.setLevel(root_level)
     return code, capsys.readouterr().err
 
 
