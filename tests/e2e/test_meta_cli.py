@@ -51,6 +51,11 @@ def test_meta_smoke_writes_the_tables_plots_and_every_number_with_its_n(meta_run
                 assert -1 <= cell["rho"] <= 1 and -1 <= cell["low"] <= cell["high"] <= 1, (p, o)
             if cell["n"] < 8:
                 assert cell["underpowered"] and "models" in cell["reason"], (p, o)
+    # the same table over the models that forgot: exactly the rows whose plain leak is at most 0.1
+    forgot = meta["correlation_forgot"]
+    leaks = [r["predictors"]["forget_leak"] for r in pool["rows"]]
+    assert forgot["models"] == sum(1 for v in leaks if v is not None and v <= 0.1)
+    assert set(forgot["rho"]) == (set(meta["correlation"]) if forgot["models"] else set())
     # the diagnostics, relative L2 and FRAG entered as predictors of the first seed's models
     first = [r for r in pool["rows"] if r["seed"] == 1]
     assert all(r["predictors"].get("mean_pca_distance") is not None for r in first)

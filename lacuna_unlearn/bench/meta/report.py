@@ -79,6 +79,20 @@ def meta_markdown(meta: dict[str, Any]) -> str:
     for p, row in meta["correlation"].items():
         lines.append(f"| {p} | " + " | ".join(_rho_cell(row[o]) for o in outcomes if o in row) + " |")
     headline = [o for o in outcomes if not o.startswith("delta_")]
+    forgot = meta.get("correlation_forgot") or {}
+    if forgot.get("rho"):
+        lines += [
+            "",
+            f"## ρ among the models that forgot (forget leak ≤ {forgot['max_forget_leak']:g})",
+            "",
+            f"{forgot['models']} models ({forgot['noise_controls']} noise controls). Over the whole pool, a high "
+            "leak after relearning also comes from models that never forgot; here it reads only what came back.",
+            "",
+            "| predictor | " + " | ".join(outcomes) + " |",
+            "|---|" + "---|" * len(outcomes),
+        ]
+        for p, row in forgot["rho"].items():
+            lines.append(f"| {p} | " + " | ".join(_rho_cell(row[o]) for o in outcomes if o in row) + " |")
     lines += _predictor_table(
         meta, headline, _loo_cell, "## Leave one method out (FRAG's circularity check)",
         "The range of ρ over the pools without each method in turn, and the method whose removal moves ρ most.",

@@ -35,6 +35,9 @@ class MetaSettings:
     draws: int = 2000  #: bootstrap draws of every interval
     seed: int = 0  #: the bootstrap's seed
     top: float = 0.25  #: the share predicted most robust where a noise control must not appear
+    #: the ρ table again over the models that forgot (forget leak at most this): leak after relearning then reads
+    #: what came back, not what never left (docs/meta.md, "Among the models that forgot")
+    forgot_leak: float = 0.1
 
 
 def load_meta_preset(name: str, overrides: Mapping[str, Any] | None = None) -> tuple[dict[str, Any], MetaSettings]:
@@ -111,6 +114,12 @@ def _norms(model: Path) -> tuple[float, float]:
     total = sum(float(p.double().pow(2).sum()) for p in net.state_dict().values() if p.is_floating_point())
     inside = sum(float(params[n].double().pow(2).sum()) for n in scope)
     return math.sqrt(total), math.sqrt(inside)
+
+
+def _forgot(model: PoolModel, max_leak: float) -> bool:
+    """The model's plain forget leak is known and at most ``max_leak``."""
+    leak = model.predictors.get("forget_leak")
+    return leak is not None and leak <= max_leak
 
 
 def run_meta(
@@ -227,6 +236,12 @@ def run_meta(
             },
             "outcomes": {o: d for o, (_, d) in OUTCOMES.items()},
             "correlation": analysis.correlations(pool, top=settings.top, **kw),
+            "correlation_forgot": {
+                "max_forget_leak": settings.forgot_leak,
+                "models": len(forgot := [m for m in pool if _forgot(m, settings.forgot_leak)]),
+                "noise_controls": sum(m.noise for m in forgot),
+                "rho": analysis.correlations(forgot, top=settings.top, **kw) if forgot else {},
+            },
             "faithfulness": {
                 "pools": {k: len(v) for k, v in faith_pools.items()},
                 "knows": "the testbed model and its light perturbations on their forget people",
