@@ -19,8 +19,8 @@ SCHEMAS: dict[str, tuple[str, int]] = {
     "score": ("lacuna-bench/score", 3),
     "gate": ("lacuna-bench/gate", 1),  # lacuna gate --json
     "attack": ("lacuna-bench/attack", 3),  # 3: Success@N under a named judge (default lacuna)
-    "diagnose": ("lacuna-bench/diagnose", 2),
-    "meta": ("lacuna-bench/meta", 1),  # lacuna meta's meta.json  # 2: mean_pca_distance averages the transformer layers 1..L only
+    "diagnose": ("lacuna-bench/diagnose", 2),  # 2: mean_pca_distance averages the transformer layers 1..L only
+    "meta": ("lacuna-bench/meta", 1),  # lacuna meta's meta.json
     # the provenance sidecar of a file written in LACUNA's key names (lacuna_unlearn.bench.report.lacuna_keys)
     "lacuna_files": ("lacuna-bench/lacuna-files", 1),
 }
