@@ -15,7 +15,6 @@ Each reads a model the run already produced (by its path and content key) or bui
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -221,8 +220,3 @@ def knows_and_never_learned(
             )  # fmt: skip
             pools[pool].append(_values(behaviour(evaluated, field, data, persons)))
     return pools
-
-
-def finite(value: Any) -> bool:
-    """A usable number (not None, bool, nan or inf)."""
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(float(value))
