@@ -22,7 +22,7 @@ from lacuna_unlearn.bench.stages import Stages, output_key
 from lacuna_unlearn.bench.stopping import stopping_point
 from lacuna_unlearn.dataclass_config import path_override
 
-__all__ = ["controls", "method_entry", "trajectory"]
+__all__ = ["checkpoint_entry", "controls", "method_entry", "trajectory"]
 
 
 def method_entry(
@@ -43,12 +43,10 @@ def method_entry(
     ``control``: the positive control, which runs only unlearning, evaluation and the reversibility protocol."""
     from hydra import compose, initialize_config_module
 
-    from lacuna_metrics import Checkpoint
-    from lacuna_tasks import word_perplexity_ratio
     from lacuna_unlearn.trainer.app import EDITORS
     from lacuna_unlearn.trainer.app import run as unlearn_run
 
-    testbed, tb_key, data, group = ctx["testbed"], ctx["tb_key"], ctx["data"], ctx["group"]
+    testbed, tb_key = ctx["testbed"], ctx["tb_key"]
     tag = "" if seed == int(cfg["seed"]) else f" (seed {seed})"
     display = f"{label or name}{tag}"  # the stages' log label
     extra = list(extra or [])
@@ -89,27 +87,14 @@ def method_entry(
     entry: dict[str, Any] = {"overrides": extra, "model": str(model)}
     if stopping is not None:
         entry["stopping"] = stopping
-    # the checkpoint this entry describes; lacuna gate checks it against the score's `after`
-    entry["checkpoint"] = {"path": str(model.resolve()), "fingerprint": Checkpoint(model).fingerprint()}
     entry["unlearn_seconds"] = manifest.get("wall_seconds")
-    evaluated, per_person = eval_stage(
-        stages, f"[{field}] evaluate {display}", model, {"model": u_key}, group, data, cfg
+    measured = checkpoint_entry(
+        stages, cfg, ctx, field, display, model, u_key, seed, baseline, manifest, control=control
     )
-    entry["behaviour"] = behaviour(evaluated, field, data, per_person)
-    # utility on text no unlearning loss saw: > 1 means the method damaged general language modelling (docs/tasks.md)
-    entry["behaviour"]["neutral_ppl_ratio"] = word_perplexity_ratio(
-        entry["behaviour"].get("neutral_word_perplexity"),
-        (baseline.get("behaviour") or {}).get("neutral_word_perplexity"),
-    )
+    entry.update({k: measured.pop(k) for k in ("checkpoint", "behaviour")})
     if stopping is not None and end_model != model:  # the end of the shared schedule: a labelled ablation
-        end_eval, end_persons = eval_stage(
-            stages, f"[{field}] evaluate {display} at the end of the schedule", end_model, {"model": end_key}, group,
-            data, cfg,
-        )  # fmt: skip
-        end_behaviour = behaviour(end_eval, field, data, end_persons)
-        end_behaviour["neutral_ppl_ratio"] = word_perplexity_ratio(
-            end_behaviour.get("neutral_word_perplexity"),
-            (baseline.get("behaviour") or {}).get("neutral_word_perplexity"),
+        end_behaviour = _evaluate(
+            stages, cfg, ctx, field, f"{display} at the end of the schedule", end_model, end_key, baseline
         )
         entry["end_of_schedule"] = {
             "steps": stopping["forget_steps"],
@@ -118,19 +103,75 @@ def method_entry(
         }
     if with_trajectory:
         entry["trajectory"] = trajectory(stages, cfg, ctx, field, display, end_model, end_key, seed)
+    entry.update({k: v for k, v in measured.items() if k != "model"})
+    return entry
+
+
+def checkpoint_entry(
+    stages: Stages,
+    cfg: Mapping[str, Any],
+    ctx: Mapping[str, Any],
+    field: str,
+    display: str,
+    model: Path,
+    model_key: str,
+    seed: int,
+    baseline: Mapping[str, Any],
+    manifest: Mapping[str, Any] | None = None,
+    *,
+    control: bool = False,
+) -> dict[str, Any]:
+    """What the run measures of one unlearned checkpoint, however it was made (a method's run, a snapshot along its
+    schedule, a checkpoint listed to ``lacuna meta``): evaluate, score, attack, restricted relearning, each a cached
+    stage keyed on ``model_key`` (the checkpoint's content). ``manifest``: its unlearning manifest, which names the
+    retain fields FRAG is calibrated on (none: the forget field's). ``control``: the positive control, which runs
+    only the evaluation and the reversibility protocol."""
+    from lacuna_metrics import Checkpoint
+
+    entry: dict[str, Any] = {"model": str(model)}
+    # the checkpoint this entry describes; lacuna gate checks it against the score's `after`
+    entry["checkpoint"] = {"path": str(Path(model).resolve()), "fingerprint": Checkpoint(model).fingerprint()}
+    entry["behaviour"] = _evaluate(stages, cfg, ctx, field, display, model, model_key, baseline)
     if cfg["score"]["enabled"] and not control:
-        entry.update(_score(stages, cfg, ctx, field, display, model, u_key, seed, manifest))
+        entry.update(_score(stages, cfg, ctx, field, display, model, model_key, seed, manifest or {}))
     if cfg["attack"]["enabled"] and not control:
-        entry["attack"], relearned = _attack(stages, cfg, ctx, field, display, model, u_key, seed)
+        entry["attack"], relearned = _attack(stages, cfg, ctx, field, display, model, model_key, seed)
         entry["relearned_behaviour"] = relearned_rates(relearned)
         entry["regime"] = regime(cfg, baseline["behaviour"], entry["behaviour"], relearned)
         entry["regime"]["protocol"] = "heldout_relearning"
     if cfg["reversibility"]["enabled"]:
-        entry["reversibility"] = reversibility(stages, cfg, ctx, field, display, model, u_key, seed, baseline, entry)
+        entry["reversibility"] = reversibility(
+            stages, cfg, ctx, field, display, model, model_key, seed, baseline, entry
+        )
         if "regime" in entry:  # the held-out attack's regime stays for comparison with earlier runs
             entry["heldout_regime"] = entry["regime"]
         entry["regime"] = entry["reversibility"]["regime"]
     return entry
+
+
+def _evaluate(
+    stages: Stages,
+    cfg: Mapping[str, Any],
+    ctx: Mapping[str, Any],
+    field: str,
+    display: str,
+    model: Path,
+    model_key: str,
+    baseline: Mapping[str, Any],
+) -> dict[str, Any]:
+    """The behaviour of one checkpoint on the field's task group (a cached evaluation stage), with its neutral
+    perplexity ratio against the testbed model: utility on text no unlearning loss saw, > 1 when the update damaged
+    general language modelling (docs/tasks.md)."""
+    from lacuna_tasks import word_perplexity_ratio
+
+    evaluated, per_person = eval_stage(
+        stages, f"[{field}] evaluate {display}", model, {"model": model_key}, ctx["group"], ctx["data"], cfg
+    )
+    out = behaviour(evaluated, field, ctx["data"], per_person)
+    out["neutral_ppl_ratio"] = word_perplexity_ratio(
+        out.get("neutral_word_perplexity"), (baseline.get("behaviour") or {}).get("neutral_word_perplexity")
+    )
+    return out
 
 
 def _score(
