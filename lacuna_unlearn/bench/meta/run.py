@@ -102,17 +102,21 @@ def check_pool(pool: list[PoolModel], before: Path) -> None:
 
 def _norms(model: Path) -> tuple[float, float]:
     """(‖θ‖₂ over every floating tensor, ‖θ‖₂ over the method-free updates' scope: the blocks' linear weights)
-    of the testbed's model (float64 sums; the model is small enough to load once)."""
+    of the testbed's model, read one tensor at a time (float64 sums): a 7B model never sits in memory whole."""
     import torch
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoConfig, AutoModelForCausalLM
 
-    from lacuna_metrics import linear_weight_names
+    from lacuna_metrics import Checkpoint, linear_weight_names
 
-    net = AutoModelForCausalLM.from_pretrained(model, torch_dtype=torch.float32)
-    params = dict(net.named_parameters())
-    scope = set(linear_weight_names(net, "all").values())
-    total = sum(float(p.double().pow(2).sum()) for p in net.state_dict().values() if p.is_floating_point())
-    inside = sum(float(params[n].double().pow(2).sum()) for n in scope)
+    with torch.device("meta"):  # the module tree names the scope; no weights are allocated
+        skeleton = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model))
+    scope = set(linear_weight_names(skeleton, "all").values())
+    ckpt = Checkpoint(model)
+    total = inside = 0.0
+    for name in ckpt.names:  # tied aliases included, as in the model's state_dict
+        square = float(ckpt.read(name).double().pow(2).sum())
+        total += square
+        inside += square if name in scope else 0.0
     return math.sqrt(total), math.sqrt(inside)
 
 

@@ -105,3 +105,30 @@ def test_robustness_over_models_matches_the_per_model_equations():
     assert got["relearning"]["mean"] == pytest.approx(0.6) and got["relearning"]["n"] == 2
     assert got["quantization_4bit"]["mean"] == pytest.approx(0.5)
     assert got["aggregate"] == pytest.approx(2 * 0.6 * 0.5 / 1.1)
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_the_testbed_norms_streamed_per_tensor_equal_the_whole_model_sums(tmp_path, tied):
+    """meta's ‖θ‖ and ‖θ‖ over the noise scope, read one tensor at a time, against the loaded model's state_dict
+    (tied lm_head counted as the state_dict counts it)."""
+    import math
+
+    import torch
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    from lacuna_metrics import linear_weight_names
+    from lacuna_unlearn.bench.meta.run import _norms
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
+                      num_attention_heads=2, num_key_value_heads=1, tie_word_embeddings=tied)  # fmt: skip
+    net = AutoModelForCausalLM.from_config(cfg).to(torch.bfloat16)
+    net.save_pretrained(tmp_path / "m")
+    net = AutoModelForCausalLM.from_pretrained(tmp_path / "m", dtype=torch.float32)
+    state = net.state_dict()
+    total = math.sqrt(sum(float(t.double().pow(2).sum()) for t in state.values() if t.is_floating_point()))
+    scope = linear_weight_names(net, "all").values()
+    inside = math.sqrt(sum(float(state[n].double().pow(2).sum()) for n in scope))
+    got = _norms(tmp_path / "m")
+    assert got[0] == pytest.approx(total, rel=1e-12) and got[1] == pytest.approx(inside, rel=1e-12)
+    assert got[0] > got[1] > 0
