@@ -60,6 +60,7 @@ _EXPORTS: dict[str, str] = {
         "lacuna_metrics.layout": (
             "Layout",
             "LayoutError",
+            "RELEASE_UNLEARNED_DIR",
             "is_release_dir",
             "release_tuned_dir",
             "resolve_testbed",

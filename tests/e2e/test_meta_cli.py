@@ -88,6 +88,56 @@ def test_a_second_meta_reuses_every_stage_and_gives_the_same_numbers(meta_run, t
     assert again["correlation"] == first["correlation"] and again["robustness"] == first["robustness"]
 
 
+def test_the_runs_own_release_tree_given_as_checkpoints_scores_what_the_run_scored(meta_run, tmp_path):
+    """`--checkpoints RUN/lacuna/unlearned_models`: the run's chosen checkpoints in LACUNA's published layout,
+    read as a release and measured again by content, not by the run's stage keys: every predictor and outcome is
+    the run's own row's (deterministic stages), so a release's tree is scored as lacuna run scores its methods."""
+    tree = meta_run / "lacuna" / "unlearned_models"
+    out = tmp_path / "meta"
+    _lacuna(
+        "meta", str(meta_run), "--checkpoints", str(tree), "--out", str(out), "--no-noise", "--quantize", "8",
+        "--draws", "200", cwd=tmp_path,
+    )  # fmt: skip
+    meta = json.loads((out / "meta.json").read_text())
+    rows = meta["pool"]["rows"]
+    listed = [r for r in rows if r["point"] == "checkpoint"]
+    assert sorted(r["method"] for r in listed) == ["frp", "grad_diff", "rmu", "simnpo"]  # SimNPO mapped back
+    assert {c["listed_in"] for c in meta["pool"]["checkpoints"]} == {str(tree)}
+    assert meta["pool"]["models"] == 8 + 4  # 4 methods x 2 seeds, the 4 listed, no noise controls
+    run_rows = {r["method"]: r for r in rows if r["point"] == "chosen" and r["seed"] == 1}
+    for r in listed:
+        twin = run_rows[r["method"]]
+        assert "checkpoint" in r["model"] and str(tree) in r["model"]
+        assert r["outcomes"] == twin["outcomes"], r["method"]
+        assert r["predictors"] == twin["predictors"], r["method"]
+    assert meta["robustness"]["models"] == 4 + 4
+
+
+def test_a_run_without_methods_pools_the_listed_checkpoints_only(meta_run, smoke_testbed, tmp_path):
+    """`--preset smoke --set methods={}`: an evaluation-only run (baseline and controls) whose pool is the listed
+    tree alone; its cells carry n = 4 and the underpowered flag, never a bare ρ. The stage cache is shared with the
+    module's run, so only what is new runs."""
+    run = tmp_path / "run"
+    run.mkdir()
+    os.symlink(meta_run / "stages", run / "stages")
+    tree = meta_run / "lacuna" / "unlearned_models"
+    _lacuna(
+        "meta", "--preset", "smoke", str(run), "--set", f"testbed={smoke_testbed}", "--set", "methods={}",
+        "--checkpoints", str(tree), "--no-noise", "--quantize", "8", "--draws", "200", cwd=tmp_path,
+    )  # fmt: skip
+    meta = json.loads((run / "meta" / "meta.json").read_text())
+    rows = meta["pool"]["rows"]
+    assert len(rows) == 4 and {r["point"] for r in rows} == {"checkpoint"}
+    first = json.loads((meta_run / "meta" / "meta.json").read_text())["pool"]["rows"]
+    run_rows = {r["method"]: r for r in first if r["seed"] == 1 and not r["noise"]}
+    for r in rows:
+        assert r["outcomes"] == run_rows[r["method"]]["outcomes"], r["method"]
+        assert r["predictors"] == run_rows[r["method"]]["predictors"], r["method"]
+    for cells in meta["correlation"].values():
+        for cell in cells.values():
+            assert cell["n"] <= 4 and cell["underpowered"], cell
+
+
 def test_a_checkpoint_of_another_testbed_in_the_pool_is_refused_naming_it(meta_run, tmp_path, tiny_lacuna):
     """A results.json whose entry points at a model of another architecture: one line naming the model."""
     other = tiny_lacuna.model_dir  # a tiny Llama: the smoke testbed's model is an OLMo-2

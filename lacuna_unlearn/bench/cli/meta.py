@@ -28,6 +28,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="with --preset: a run setting over the preset's, as `lacuna run --set` (testbed=DIR)",
     )  # fmt: skip
     parser.add_argument("--out", help="output directory (default: RUN_DIR/meta)")
+    parser.add_argument(
+        "--checkpoints", action="append", default=[], metavar="PATH",
+        help="more models for the pool, measured with the run's settings: a LACUNA unlearned_models/ tree (or the "
+        "regime directory holding it), a YAML list of {path, method, field}, or a lacuna-unlearn checkpoint "
+        "(repeatable)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--points", default=None, metavar="LIST",
+        help="stopping points of the run's methods in the pool: chosen (default), chosen,end (the end of the "
+        "schedule too), chosen,end,snapshots (every trajectory snapshot too)",
+    )  # fmt: skip
     parser.add_argument("--no-noise", action="store_true", help="no noise controls in the pool")
     parser.add_argument("--no-diagnostics", action="store_true", help="no PCA/CKA/Fisher predictors")
     parser.add_argument("--quantize", default=None, help="bit widths of the quantization robustness, e.g. 8,4")
@@ -45,6 +56,12 @@ def _bits(text: str) -> tuple[int, ...]:
     return bits
 
 
+def _points(text: str) -> tuple[str, ...]:
+    from lacuna_unlearn.bench.meta.sources import check_points
+
+    return check_points([t.strip() for t in text.split(",") if t.strip()], "--points")
+
+
 def run(args: argparse.Namespace) -> int:
     import dataclasses
 
@@ -59,6 +76,7 @@ def run(args: argparse.Namespace) -> int:
         "diagnostics": False if args.no_diagnostics else None,
         "quantize_bits": _bits(args.quantize) if args.quantize is not None else None,
         "perturbations": args.perturbations,
+        "points": _points(args.points) if args.points is not None else None,
         "draws": args.draws,
     }
     settings = MetaSettings()
@@ -70,6 +88,10 @@ def run(args: argparse.Namespace) -> int:
         run_cfg, preset_settings = load_meta_preset(args.preset, parse_overrides(args.set))
         settings = preset_settings
         writable("RUN_DIR", run_dir, directory=True)
+        if args.checkpoints:  # refused before the preset's run, naming the path
+            from lacuna_unlearn.bench.meta.sources import read_checkpoints
+
+            read_checkpoints(args.checkpoints, list(run_cfg["fields"]))
         from lacuna_unlearn.bench.run import run_benchmark
 
         run_benchmark(run_dir, run_cfg, log=logging.getLogger("lacuna_unlearn.bench.run").info)
@@ -78,7 +100,13 @@ def run(args: argparse.Namespace) -> int:
             f"{run_dir / 'results.json'}: not found; give a `lacuna run --out` directory, or --preset to run one"
         )
     settings = dataclasses.replace(settings, **{k: v for k, v in flags.items() if v is not None})
-    meta = run_meta(run_dir, args.out, settings, log=logging.getLogger("lacuna_unlearn.bench.meta").info)
+    meta = run_meta(
+        run_dir,
+        args.out,
+        settings,
+        checkpoints=args.checkpoints,
+        log=logging.getLogger("lacuna_unlearn.bench.meta").info,
+    )
     from lacuna_unlearn.bench.meta.report import meta_markdown
 
     print(meta_markdown(meta))

@@ -3,9 +3,9 @@ candidate predictor and every outcome read from its ``results.json`` entry (docs
 
 A model is a method's checkpoint at its chosen stopping point in one field with one unlearning seed; the first
 seed's entries are ``by_field.<field>.methods``, the other seeds' ``by_field.<field>.seed_entries.<seed>``. The noise
-controls (method-free updates, :data:`NOISE_METHODS`) are rows like any other, flagged ``noise``. Stopping points
-other than the chosen one (the trajectory's snapshots, the end of the schedule) have no relearning outcome, so they
-are not in the pool.
+controls (method-free updates, :data:`NOISE_METHODS`) are rows like any other, flagged ``noise``. Other stopping
+points of the first seed's methods and checkpoints listed to ``lacuna meta`` (:mod:`.sources`) join as rows whose
+``point`` says which they are; the meta stages measure them as the run measures its methods.
 """
 
 from __future__ import annotations
@@ -114,10 +114,17 @@ class PoolModel:
     noise: bool = False
     predictors: dict[str, float | None] = field(default_factory=dict)
     outcomes: dict[str, float | None] = field(default_factory=dict)
+    #: which checkpoint of the method: ``chosen`` (the run's stopping point), ``end``, ``step N``, or ``checkpoint``
+    #: (listed to ``lacuna meta``; ``where`` says which)
+    point: str = "chosen"
+    where: str | None = None
 
     @property
     def name(self) -> str:
-        return f"{self.method}/{self.field}/seed {self.seed}"
+        if self.point == "checkpoint":
+            return f"{self.method}/{self.field} checkpoint {self.where}"
+        at = "" if self.point == "chosen" else f" at {self.point}"
+        return f"{self.method}/{self.field}/seed {self.seed}{at}"
 
     @property
     def model(self) -> str:

@@ -11,12 +11,19 @@ import logging
 import math
 import statistics
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from lacuna_unlearn.bench.meta.pool import NOISE_METHODS, OUTCOMES, PREDICTORS, PoolModel, pool_models
+from lacuna_unlearn.bench.meta.sources import (
+    ExtraModel,
+    check_points,
+    other_points,
+    read_checkpoints,
+    unlearn_manifest,
+)
 
 __all__ = ["MetaSettings", "check_pool", "load_meta_preset", "run_meta"]
 
@@ -38,6 +45,12 @@ class MetaSettings:
     #: the ρ table again over the models that forgot (forget leak at most this): leak after relearning then reads
     #: what came back, not what never left (docs/meta.md, "Among the models that forgot")
     forgot_leak: float = 0.1
+    #: the stopping points of the first seed's methods in the pool (sources.POINTS): the chosen one always; ``end``
+    #: adds the end of the schedule, ``snapshots`` every trajectory snapshot (each measured as a method is)
+    points: tuple[str, ...] = ("chosen",)
+
+    def __post_init__(self) -> None:
+        check_points(self.points, "meta.points")
 
 
 def load_meta_preset(name: str, overrides: Mapping[str, Any] | None = None) -> tuple[dict[str, Any], MetaSettings]:
@@ -63,8 +76,9 @@ def load_meta_preset(name: str, overrides: Mapping[str, Any] | None = None) -> t
     bad = sorted(set(meta) - fields)
     if bad:
         raise ValueError(f"{path}: meta.{bad[0]}: unknown setting (expected one of {sorted(fields)})")
-    if "quantize_bits" in meta:
-        meta["quantize_bits"] = tuple(meta["quantize_bits"])
+    for key in ("quantize_bits", "points"):
+        if key in meta:
+            meta[key] = tuple(meta[key])
     return cfg, MetaSettings(**meta)
 
 
@@ -82,22 +96,41 @@ def _load_results(run_dir: Path) -> dict[str, Any]:
     return results
 
 
-def check_pool(pool: list[PoolModel], before: Path) -> None:
-    """Every model of the pool is a checkpoint of the run's testbed: its config names the testbed model's
-    architecture (model type, layers, width, vocabulary). Refused in one line naming the first that is not."""
+def check_pool(models: Iterable[tuple[str, Path]], before: Path) -> None:
+    """Every model of the pool (name, checkpoint directory) is a checkpoint of the run's testbed: its config names
+    the testbed model's architecture (model type, layers, width, vocabulary). Refused in one line naming the first
+    that is not."""
     keys = ("model_type", "num_hidden_layers", "hidden_size", "vocab_size")
     ref = json.loads((before / "config.json").read_text())
-    for m in pool:
-        path = Path(m.model) / "config.json"
+    for name, model in models:
+        path = Path(model) / "config.json"
         if not path.is_file():
-            raise FileNotFoundError(f"{m.name}: {path}: not found (the run's stage cache was cleared?)")
-        cfg = json.loads(path.read_text())
+            raise FileNotFoundError(f"{name}: {path}: not found (the run's stage cache was cleared?)")
+        try:
+            cfg = json.loads(path.read_text())
+        except ValueError as exc:
+            raise ValueError(f"{name}: {path}: not JSON ({exc})") from None
         diff = [k for k in keys if cfg.get(k) != ref.get(k)]
         if diff:
             raise ValueError(
-                f"{m.name}: {m.model} is not a checkpoint of the run's testbed ({before}): "
+                f"{name}: {model} is not a checkpoint of the run's testbed ({before}): "
                 + ", ".join(f"{k} {cfg.get(k)!r} vs {ref.get(k)!r}" for k in diff)
             )
+
+
+def _extra_model(extra: ExtraModel, seed: int) -> PoolModel:
+    """The pool row of a listed checkpoint or another stopping point, its entry filled by the stages later."""
+    seed = seed if extra.seed is None else extra.seed
+    return PoolModel(extra.field, extra.method, seed, {"model": str(extra.path)}, point=extra.point,
+                     where=str(extra.path) if extra.point == "checkpoint" else None)  # fmt: skip
+
+
+def _label(m: PoolModel) -> str:
+    """A pool row's label in the stages' log: the method at its chosen point (as the run labels it), else the
+    method and which checkpoint of it."""
+    if m.point == "checkpoint":
+        return f"{m.method} checkpoint {m.where}"
+    return m.method if m.point == "chosen" else f"{m.method} at {m.point}"
 
 
 def _norms(model: Path) -> tuple[float, float]:
@@ -131,14 +164,17 @@ def run_meta(
     out: str | Path | None = None,
     settings: MetaSettings | None = None,
     *,
+    checkpoints: Sequence[str | Path] = (),
     log: Callable[[str], None] = logger.info,
 ) -> dict[str, Any]:
     """The meta-evaluation of the run in ``run_dir`` (module docstring), written to ``out`` (default
-    ``run_dir/meta``); returns ``meta.json``'s content."""
+    ``run_dir/meta``); returns ``meta.json``'s content. ``checkpoints``: more models for the pool
+    (:func:`~lacuna_unlearn.bench.meta.sources.read_checkpoints`), measured with the run's settings."""
     from lacuna_metrics import build_manifest, publish_together, schema_stamp, write_json
     from lacuna_unlearn.bench.meta import analysis
     from lacuna_unlearn.bench.meta import stages as meta_stages
     from lacuna_unlearn.bench.meta.report import write_meta_report
+    from lacuna_unlearn.bench.method_stages import checkpoint_entry
     from lacuna_unlearn.bench.run import field_context
     from lacuna_unlearn.bench.stages import Stages, locked, testbed_fingerprint
 
@@ -149,26 +185,49 @@ def run_meta(
     cfg = results["manifest"]["config"]
     testbed = Path(results["testbed"])
     pool = pool_models(results)
-    if not pool:
-        raise ValueError(f"{run_dir / 'results.json'}: no unlearned model in the run (methods: {{}})")
+    fields = list(results["by_field"])
+    listed, skipped = read_checkpoints(checkpoints, fields) if checkpoints else ([], [])
+    first_seed = int((cfg.get("seeds") or [cfg["seed"]])[0])
+    extras = [_extra_model(x, first_seed) for x in listed]
+    for m in [m for m in pool if m.seed == first_seed]:  # other stopping points: the first seed's methods
+        extras += [
+            _extra_model(x, first_seed) for x in other_points(m.entry, m.method, m.field, m.seed, settings.points)
+        ]
+    if not pool and not extras:
+        raise ValueError(
+            f"{run_dir / 'results.json'}: no unlearned model in the run (methods: {{}}) and no --checkpoints"
+        )
     started = time.time()
     with locked(run_dir):
         tb_key = testbed_fingerprint(testbed)
+        before = Path(field_context(cfg, testbed, tb_key, fields[0])["before"])
+        check_pool([(m.name, Path(m.model)) for m in pool + extras], before)  # before any stage runs
+        theta, theta_scope = _norms(before)
         stages = Stages(run_dir / "stages", log)
-        first_seed = pool[0].seed
-        fields = list(results["by_field"])
         robust_models: list[dict[str, Any]] = []
         faith_pools: dict[str, list[dict[str, Any]]] = {"knows": [], "never_learned": []}
         noise_sizes: dict[str, Any] = {}
         for field in fields:
             ctx = field_context(cfg, testbed, tb_key, field)
-            if field == fields[0]:
-                check_pool(pool, Path(ctx["before"]))
-                theta, theta_scope = _norms(Path(ctx["before"]))
             baseline = results["by_field"][field]["baseline"]
             people = int(((baseline.get("behaviour") or {}).get("n") or {}).get("forget_leak") or 1)
+            for m in [m for m in extras if m.field == field]:
+                path = Path(m.model)
+                manifest = unlearn_manifest(path)
+                m.entry = checkpoint_entry(
+                    stages, cfg, ctx, field, _label(m), path, meta_stages.model_key(ctx, path), m.seed, baseline,
+                    manifest,
+                )  # fmt: skip
+                m.read()
+                pool.append(m)
             if settings.noise:
-                l2s = [m.predictors["l2"] for m in pool if m.field == field and m.predictors.get("l2") is not None]
+                # the noise's size: the methods' at their chosen points (or the listed checkpoints')
+                l2s = [
+                    m.predictors["l2"]
+                    for m in pool
+                    if m.field == field and m.point in ("chosen", "checkpoint") and not m.noise
+                    and m.predictors.get("l2") is not None
+                ]  # fmt: skip
                 if l2s:
                     # a relative size per tensor whose global L2 over the scope is the median method's L2
                     size = statistics.median(l2s) / theta_scope
@@ -182,7 +241,7 @@ def run_meta(
             reference = meta_stages.reference_relearning(stages, cfg, ctx, field, first_seed, people)
             for m in [m for m in pool if m.field == field and m.seed == first_seed]:
                 model = Path(m.model)
-                label = m.method
+                label = _label(m)
                 if m.predictors.get("l2") is not None:
                     m.predictors["relative_l2"] = m.predictors["l2"] / theta
                 if settings.diagnostics:
@@ -218,12 +277,18 @@ def run_meta(
                 "seeds": sorted({m.seed for m in pool}),
                 "noise_controls": [m.name for m in pool if m.noise],
                 "noise_sizes": noise_sizes,
+                "points": list(settings.points),
+                "checkpoints": [
+                    {"path": str(x.path), "method": x.method, "field": x.field, "listed_in": x.origin} for x in listed
+                ],
+                "skipped": skipped,
                 "rows": [
                     {
                         "model": m.name,
                         "method": m.method,
                         "field": m.field,
                         "seed": m.seed,
+                        "point": m.point,
                         "noise": m.noise,
                         "predictors": m.predictors,
                         "outcomes": m.outcomes,

@@ -30,6 +30,7 @@ __all__ = [
     "diagnostics",
     "forget_side_tasks",
     "knows_and_never_learned",
+    "model_key",
     "noise_control",
     "quantized_behaviour",
     "reference_relearning",
@@ -51,11 +52,17 @@ def forget_side_tasks(ctx: Mapping[str, Any], field: str) -> list[str]:
     return tasks if f"lacuna_{field}" in group else [t for t in tasks if t in group]
 
 
-def _key(ctx: Mapping[str, Any], model: Path) -> str:
-    """The content key of a model: the testbed's key for its own model, else the key of the stage that wrote it."""
-    if Path(model) == Path(ctx["before"]):
+def model_key(ctx: Mapping[str, Any], model: Path) -> str:
+    """The content key of a model: the testbed's key for its own model, the key of the stage that wrote it, else
+    (a snapshot along a schedule, a checkpoint listed to ``lacuna meta``) its weights' content fingerprint."""
+    from lacuna_metrics import Checkpoint
+
+    model = Path(model)
+    if model == Path(ctx["before"]):
         return str(ctx["tb_key"])
-    return output_key(Path(model).parent)
+    if (model.parent / "stage.json").is_file():
+        return output_key(model.parent)
+    return Checkpoint(model).fingerprint()
 
 
 def _values(b: Mapping[str, Any]) -> dict[str, float | None]:
@@ -88,7 +95,16 @@ def relearned_behaviour(
     """The forget-side metrics of ``model`` after restricted relearning from the forget rows (the run's relearning
     stage, reused; only the evaluation is new)."""
     rel = relearn_and_evaluate(
-        stages, cfg, ctx, field, label, model, _key(ctx, model), seed, "forget", tasks=forget_side_tasks(ctx, field)
+        stages,
+        cfg,
+        ctx,
+        field,
+        label,
+        model,
+        model_key(ctx, model),
+        seed,
+        "forget",
+        tasks=forget_side_tasks(ctx, field),
     )
     return _values(rel)
 
@@ -113,7 +129,7 @@ def quantized_behaviour(
     :func:`lacuna_metrics.quantize_checkpoint`)."""
     from lacuna_metrics import quantize_checkpoint
 
-    key = _key(ctx, model)
+    key = model_key(ctx, model)
     q_stage = stages.get(
         "quantize", f"[{field}] quantize {label} to {bits} bits", {"model": key, "bits": bits},
         lambda tmp: quantize_checkpoint(model, tmp / "model", bits),
@@ -138,7 +154,7 @@ def diagnostics(stages: Stages, ctx: Mapping[str, Any], field: str, label: str, 
         diagnose_models(ctx["before"], [model], texts, out_dir=tmp)
 
     stage = stages.get(
-        "diagnose", f"[{field}] diagnose {label}", {"model": _key(ctx, model), "reference": ctx["tb_key"],
+        "diagnose", f"[{field}] diagnose {label}", {"model": model_key(ctx, model), "reference": ctx["tb_key"],
         "texts": DIAGNOSE_TEXTS, "split": "forget, every field"}, build,
     )  # fmt: skip
     result = json.loads((stage / "diagnose.json").read_text())
@@ -216,7 +232,7 @@ def knows_and_never_learned(
         ):
             evaluated, persons = eval_stage(
                 stages, f"[{field}] evaluate {label} on {'forget' if pool == 'knows' else 'unseen'} people", model,
-                {"model": _key(ctx, model), "data": data_key}, forget_side_tasks(ctx, field), data, cfg,
+                {"model": model_key(ctx, model), "data": data_key}, forget_side_tasks(ctx, field), data, cfg,
             )  # fmt: skip
             pools[pool].append(_values(behaviour(evaluated, field, data, persons)))
     return pools

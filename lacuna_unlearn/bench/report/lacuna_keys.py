@@ -27,6 +27,8 @@ __all__ = [
     "LACUNA_TARGETS",
     "NOTES",
     "LacunaKey",
+    "bench_field",
+    "bench_method",
     "lacuna_field",
     "lacuna_method",
     "place_checkpoint",
@@ -212,6 +214,20 @@ _METHOD_DIRS = {
 def lacuna_method(method: str) -> str:
     """The directory name LACUNA's scripts use for a lacuna-bench method (``oracle_grad`` -> ``GradDiff_OracleGrad``)."""
     return _METHOD_DIRS.get(method, method)
+
+
+def bench_method(method_dir: str) -> str:
+    """The lacuna-bench method of a directory LACUNA's scripts wrote (``GradDiff_OracleGrad`` -> ``oracle_grad``);
+    a directory name of no lacuna-bench method stays as it is."""
+    return {d: m for m, d in _METHOD_DIRS.items()}.get(method_dir, method_dir)
+
+
+def bench_field(field_dir: str) -> str | None:
+    """The lacuna-bench field of a directory LACUNA's scripts wrote (``Email_Address`` -> ``email``; a lacuna-bench
+    field name is accepted too); None for no known field."""
+    from lacuna_tasks import FIELDS
+
+    return {**{f.config: k for k, f in FIELDS.items()}, **{k: k for k in FIELDS}}.get(field_dir)
 
 
 # -- transforms --------------------------------------------------------------------------------------------------
