@@ -150,8 +150,9 @@ def pooled(by_field: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
 
 def pooled_across_seeds(runs: Mapping[str, Mapping[str, Mapping[int, Mapping[str, Any]]]]) -> dict[str, Any]:
     """Mean ± sd over unlearning seeds of each method's pooled rates (``runs``: field -> method -> seed -> entry):
-    :func:`pooled` once per seed, then :func:`lacuna_metrics.mean_sd` of each rate's value, with the values in seed
-    order and the n behind each (people × fields, the same in every seed); the per-field regimes of each seed."""
+    :func:`pooled` once per seed, then :func:`lacuna_metrics.mean_sd` of each rate's value, with the values and each
+    seed's exact interval (``cis``) in seed order and the n behind each (people × fields, the same in every seed);
+    the per-field regimes of each seed."""
     from lacuna_metrics import mean_sd
 
     fields = list(runs)
@@ -166,7 +167,10 @@ def pooled_across_seeds(runs: Mapping[str, Mapping[str, Mapping[int, Mapping[str
             rates = [per_seed[s].get(name, {}).get("rates", {}).get(metric) for s in seeds]
             if all(rates):
                 values = [r["value"] for r in rates]
-                metrics[metric] = {**mean_sd(values), "values": values, "people": rate["ci"]["n"]}
+                metrics[metric] = {
+                    **mean_sd(values), "values": values, "people": rate["ci"]["n"],
+                    "cis": [r["ci"] for r in rates],  # each seed's exact interval over its k of n
+                }  # fmt: skip
         regimes = [per_seed[s].get(name, {}).get("regimes") for s in seeds]
         out[name] = {"seeds": seeds, "metrics": metrics, "regimes": regimes}
     return out

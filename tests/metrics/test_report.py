@@ -545,4 +545,5 @@ def test_a_multi_seed_multi_field_run_gives_the_pooled_rates_mean_and_sd_over_se
     results["pooled"] = {"a": {**first["a"], "across_seeds": out["a"]}}
     text = run_markdown(results)
     assert "Pooled, mean ± sd over 3 unlearning seeds (42, 1, 2)" in text
-    assert "| a | 0.333 ± 0.167 (n=6) |" in text and "ideal, ideal / x, x / y, z" in text
+    assert [ci["k"] for ci in leak["cis"]] == [1, 2, 3] and {ci["n"] for ci in leak["cis"]} == {6}
+    assert "| a | 0.333 ± 0.167 (n=6; k per seed: 1, 2, 3) |" in text and "ideal, ideal / x, x / y, z" in text

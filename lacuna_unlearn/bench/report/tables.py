@@ -397,6 +397,17 @@ def _pooled_row(name: str, values: dict[str, Any], cell: Any, last: str) -> str:
     return f"| {name} | " + " | ".join(cells) + f" | {last} |"
 
 
+def _seed_cell(entry: dict[str, Any]) -> str:
+    """``mean ± sd (n=N; k per seed: 0, 1, 0)``: the spread over seeds and each seed's count, from which its exact
+    interval follows (``results.json`` holds the intervals themselves)."""
+    ks = [f"{float(ci['k']):g}" for ci in entry.get("cis") or []]
+    n = entry.get("people")
+    if not isinstance(n, int) or isinstance(n, bool):
+        return _mean_sd(entry)
+    counts = f"; k per seed: {', '.join(ks)}" if ks else ""
+    return f"{_mean_sd(entry)} (n={n}{counts}){FEW_MARK if n < FEW_PERSONS else ''}"
+
+
 def _pooled_seed_table(rows: dict[str, Any]) -> list[str]:
     """The pooled rates' mean ± sd over unlearning seeds (``pooled.<method>.across_seeds``); empty for one seed."""
     summaries = {n: r["across_seeds"] for n, r in rows.items() if r.get("across_seeds")}
@@ -413,7 +424,5 @@ def _pooled_seed_table(rows: dict[str, Any]) -> list[str]:
     ]
     for name, summary in summaries.items():
         regimes = " / ".join(", ".join(map(str, r or [])) for r in summary.get("regimes") or []) or "n/a"
-        lines.append(
-            _pooled_row(name, summary.get("metrics") or {}, lambda e: f"{_mean_sd(e)}{_n(e.get('people'))}", regimes)
-        )
+        lines.append(_pooled_row(name, summary.get("metrics") or {}, _seed_cell, regimes))
     return [*lines, ""]
