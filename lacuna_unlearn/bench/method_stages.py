@@ -41,10 +41,7 @@ def method_entry(
     """One method on one field with one unlearning seed: unlearn, evaluate, score, attack, regime (each a cached
     stage). ``ctx`` carries the run's testbed, its cache key, its data directory and the field's task group.
     ``control``: the positive control, which runs only unlearning, evaluation and the reversibility protocol."""
-    from hydra import compose, initialize_config_module
-
-    from lacuna_unlearn.trainer.app import EDITORS
-    from lacuna_unlearn.trainer.app import run as unlearn_run
+    from lacuna_unlearn.trainer.app import EDITORS, run_overrides
 
     testbed, tb_key = ctx["testbed"], ctx["tb_key"]
     tag = "" if seed == int(cfg["seed"]) else f" (seed {seed})"
@@ -59,9 +56,7 @@ def method_entry(
     u_inputs = {"testbed": tb_key, "overrides": [o for o in overrides if not o.startswith("testbed=")]}
 
     def build_unlearn(tmp: Path, overrides: list[str] = overrides) -> None:
-        with initialize_config_module(config_module="lacuna_unlearn.configs", version_base="1.3"):
-            hcfg = compose(config_name="unlearn", overrides=[*overrides, path_override("output_dir", tmp / "model")])
-        unlearn_run(hcfg)
+        run_overrides(overrides, tmp / "model")
 
     u_stage = stages.get("unlearn", f"[{field}] unlearn {display}", u_inputs, build_unlearn)
     model = end_model = u_stage / "model"

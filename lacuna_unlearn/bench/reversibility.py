@@ -73,9 +73,7 @@ def relearn_and_evaluate(
 ) -> dict[str, Any]:
     """Restricted relearning of ``model`` from ``source`` (|D_f| rows of ``data``, default the testbed's), then its
     behaviour on ``tasks`` (default forget and retain QA): one relearn stage and one evaluation stage, cached."""
-    from hydra import compose, initialize_config_module
-
-    from lacuna_unlearn.trainer.app import run as unlearn_run
+    from lacuna_unlearn.trainer.app import run_overrides
 
     rcfg = cfg["reversibility"]
     testbed = ctx["testbed"]
@@ -89,17 +87,7 @@ def relearn_and_evaluate(
     where = [path_override("testbed", testbed)] if data_key is None else [path_override("data", data)]
 
     def build(tmp: Path) -> None:
-        with initialize_config_module(config_module="lacuna_unlearn.configs", version_base="1.3"):
-            hcfg = compose(
-                config_name="unlearn",
-                overrides=[
-                    *overrides,
-                    *where,
-                    path_override("model", model),
-                    path_override("output_dir", tmp / "model"),
-                ],
-            )
-        unlearn_run(hcfg)
+        run_overrides([*overrides, *where, path_override("model", model)], tmp / "model")
 
     key: dict[str, Any] = {"model": model_key, "overrides": overrides}
     if data_key is not None:  # another dataset than the testbed's: its stage names it

@@ -94,7 +94,7 @@ def stopping_point(
     from hydra import compose, initialize_config_module
 
     from lacuna_tasks import LacunaDataError, load_data
-    from lacuna_unlearn.trainer.app import run as unlearn_run
+    from lacuna_unlearn.trainer.app import run_overrides
 
     scfg = cfg["stopping"]
     metric, threshold = str(scfg["metric"]), float(scfg["threshold"])
@@ -119,16 +119,12 @@ def stopping_point(
     curve: dict[int, dict[str, Any]] = {}
 
     def validation_run(extra: list[str], what: str) -> tuple[Path, dict[str, Any]]:
-        run_overrides = [*base, *extra]
+        overrides_of_run = [*base, *extra]
 
         def build(tmp: Path) -> None:
-            with initialize_config_module(config_module="lacuna_unlearn.configs", version_base="1.3"):
-                hcfg = compose(
-                    config_name="unlearn", overrides=[*run_overrides, path_override("output_dir", tmp / "model")]
-                )
-            unlearn_run(hcfg)
+            run_overrides(overrides_of_run, tmp / "model")
 
-        key = {"testbed": ctx["tb_key"], "overrides": [o for o in run_overrides if not o.startswith(("testbed=", "data="))],
+        key = {"testbed": ctx["tb_key"], "overrides": [o for o in overrides_of_run if not o.startswith(("testbed=", "data="))],
                "validation": True}  # fmt: skip
         stage = stages.get("unlearn", f"[{field}] validation run of {label} ({what})", key, build)
         model = stage / "model"

@@ -18,13 +18,14 @@ relearning protocols, overridden on the command line as in OpenUnlearning::
 from __future__ import annotations
 
 import shutil
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from lacuna_unlearn.dataclass_config import check_value
+from lacuna_unlearn.dataclass_config import check_value, path_override
 from lacuna_unlearn.methods.registry import EDITORS, config_defaults, resolve, store_method_configs
 
-__all__ = ["EDITORS", "main", "preflight", "run"]
+__all__ = ["EDITORS", "main", "preflight", "run", "run_overrides"]
 
 
 def run(cfg: Any) -> Path:
@@ -37,6 +38,16 @@ def run(cfg: Any) -> Path:
         # every method builds OUT.partial and renames it: a full disk names the file at its place in OUT
         with naming_outputs(out.with_name(out.name + ".partial"), out), writing(out):
             return _run(cfg)
+
+
+def run_overrides(overrides: Sequence[str], output_dir: Path) -> Path:
+    """Compose the ``unlearn`` config from ``overrides`` (as ``lacuna-unlearn`` takes them on its command line) with
+    ``output_dir`` and :func:`run` it: how the benchmark's stages unlearn, relearn and perturb."""
+    from hydra import compose, initialize_config_module
+
+    with initialize_config_module(config_module="lacuna_unlearn.configs", version_base="1.3"):
+        cfg = compose(config_name="unlearn", overrides=[*overrides, path_override("output_dir", output_dir)])
+    return run(cfg)
 
 
 def _run(cfg: Any) -> Path:

@@ -183,23 +183,12 @@ def perturbed_model(
 ) -> Path:
     """A light method-free perturbation of the testbed's model (Gaussian, relative size ``size``, seed ``index``): a
     model that still knows the facts, for the faithfulness pools."""
-    from hydra import compose, initialize_config_module
-
-    from lacuna_unlearn.trainer.app import run as unlearn_run
+    from lacuna_unlearn.trainer.app import run_overrides
 
     overrides = ["method=null_gaussian", f"method.args.size={size:.6g}", f"field={field}", f"seed={index}"]
 
     def build(tmp: Path) -> None:
-        with initialize_config_module(config_module="lacuna_unlearn.configs", version_base="1.3"):
-            hcfg = compose(
-                config_name="unlearn",
-                overrides=[
-                    *overrides,
-                    path_override("testbed", ctx["testbed"]),
-                    path_override("output_dir", tmp / "model"),
-                ],
-            )
-        unlearn_run(hcfg)
+        run_overrides([*overrides, path_override("testbed", ctx["testbed"])], tmp / "model")
 
     stage = stages.get(
         "unlearn", f"[{field}] light perturbation {index} of the testbed model", {"testbed": ctx["tb_key"],
