@@ -113,6 +113,34 @@ def test_the_runs_own_release_tree_given_as_checkpoints_scores_what_the_run_scor
     assert meta["robustness"]["models"] == 4 + 4
 
 
+def test_points_end_adds_the_end_of_the_schedule_measured_as_a_method(meta_run, tmp_path):
+    """`--points chosen,end`: a method the run stopped early joins the pool again at the end of its schedule. The
+    smoke run stops nothing early, so its grad_diff entry is given the seed-2 checkpoint as its end of schedule (a
+    real checkpoint of the testbed): the new row is measured through the run's stages (seed 1), so the numbers that
+    do not depend on the seed (its forget leak, its L2) are those of the seed-2 row."""
+    run = tmp_path / "run"
+    run.mkdir()
+    results = json.loads((meta_run / "results.json").read_text())
+    email = results["by_field"]["email"]
+    late = email["seed_entries"]["2"]["grad_diff"]
+    email["methods"]["grad_diff"]["end_of_schedule"] = {"model": late["model"], "steps": 3}
+    (run / "results.json").write_text(json.dumps(results))
+    os.symlink(meta_run / "stages", run / "stages")
+    _lacuna("meta", str(run), "--points", "chosen,end", "--no-noise", "--quantize", "8", "--draws", "200", cwd=tmp_path)
+    meta = json.loads((run / "meta" / "meta.json").read_text())
+    assert meta["pool"]["points"] == ["chosen", "end"] and meta["pool"]["models"] == 8 + 1
+    end = [r for r in meta["pool"]["rows"] if r["point"] == "end"]
+    assert [r["model"] for r in end] == ["grad_diff/email/seed 1 at end"]
+    twin = next(r for r in meta["pool"]["rows"] if r["model"] == "grad_diff/email/seed 2")
+    for key in ("forget_leak", "l2", "j_w", "prob"):
+        assert end[0]["predictors"][key] == twin["predictors"][key], key
+    assert end[0]["predictors"]["mean_pca_distance"] is not None  # the first seed's extra predictors too
+    missing = {k for k, v in end[0]["outcomes"].items() if v is None}
+    assert missing == {k for k, v in twin["outcomes"].items() if v is None}, end[0]["outcomes"]
+    proc = _lacuna("meta", str(run), "--points", "end", cwd=tmp_path, ok=False)
+    assert proc.returncode == 2 and "--points: distinct values of chosen,end,snapshots including chosen" in proc.stderr
+
+
 def test_a_run_without_methods_pools_the_listed_checkpoints_only(meta_run, smoke_testbed, tmp_path):
     """`--preset smoke --set methods={}`: an evaluation-only run (baseline and controls) whose pool is the listed
     tree alone; its cells carry n = 4 and the underpowered flag, never a bare ρ. The stage cache is shared with the
