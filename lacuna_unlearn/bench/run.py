@@ -48,6 +48,7 @@ __all__ = [
     "RUN_SCHEMA",
     "SEED_METRICS",
     "across_seeds",
+    "controls_by_seed",
     "load_run_config",
     "pooled",
     "pooled_across_seeds",
@@ -104,6 +105,29 @@ POOLED_METRICS = ("forget_leak", "j_w", "retain_eval_accuracy", "crossfield_accu
 
 #: What the other seeds' entries (``by_field.<field>.seed_entries``) leave out: the first seed's entry has them.
 SLIM_DROPPED = ("per_layer", "precision_at_k", "trajectory", "localization_settings", "not_applicable")
+
+
+def controls_by_seed(checks: Mapping[int, Mapping[str, Any]]) -> dict[str, Any]:
+    """Per seed, what the controls showed and whether they let a regime be read: the positive control's share
+    silenced and its forget leak after relearning (from the source its regime took), the negative control's leak
+    before and after the same relearning, the verdict and its reason."""
+
+    def recovered(positive: Mapping[str, Any]) -> Any:
+        rev = positive.get("reversibility") or {}
+        source = (rev.get("regime") or {}).get("source")
+        return ((rev.get("sources") or {}).get(source) or {}).get("forget_leak")
+
+    return {
+        str(s): {
+            "positive_passed": c["positive"]["attack_strong_enough"],
+            "reason": c["positive"].get("reason"),
+            "silenced": c["positive"]["silenced"],
+            "positive_relearned_leak": recovered(c["positive"]),
+            "negative_before_leak": c["negative"]["before"]["forget_leak"],
+            "negative_relearned_leak": c["negative"]["relearned"]["forget_leak"],
+        }
+        for s, c in checks.items()
+    }
 
 
 def field_context(cfg: Mapping[str, Any], testbed: Path, tb_key: str, field: str) -> dict[str, Any]:
@@ -304,16 +328,7 @@ def _run_locked(out: Path, cfg: dict[str, Any], log: Callable[[str], None], lacu
             field_out["positive_control"] = checks[seeds[0]]["positive"]
             field_out["negative_control"] = checks[seeds[0]]["negative"]
             if len(seeds) > 1:
-                field_out["controls_by_seed"] = {
-                    str(s): {
-                        "positive_passed": c["positive"]["attack_strong_enough"],
-                        "reason": c["positive"].get("reason"),
-                        "silenced": c["positive"]["silenced"],
-                        "negative_before_leak": c["negative"]["before"]["forget_leak"],
-                        "negative_relearned_leak": c["negative"]["relearned"]["forget_leak"],
-                    }
-                    for s, c in checks.items()
-                }
+                field_out["controls_by_seed"] = controls_by_seed(checks)
         by_field[field] = field_out
 
     first = by_field[cfg["fields"][0]]

@@ -547,3 +547,50 @@ def test_a_multi_seed_multi_field_run_gives_the_pooled_rates_mean_and_sd_over_se
     assert "Pooled, mean ± sd over 3 unlearning seeds (42, 1, 2)" in text
     assert [ci["k"] for ci in leak["cis"]] == [1, 2, 3] and {ci["n"] for ci in leak["cis"]} == {6}
     assert "| a | 0.333 ± 0.167 (n=6; k per seed: 1, 2, 3) |" in text and "ideal, ideal / x, x / y, z" in text
+
+
+def test_controls_by_seed_give_each_seeds_figures_and_verdict():
+    """Issue 35: per seed, the positive control's share silenced and its leak after relearning (the source its
+    regime took, not another), the negative control's leak before and after, the verdict and its reason."""
+    from lacuna_unlearn.bench.run import controls_by_seed
+
+    def checks(passed: bool, recovered: float, learned: float) -> dict:
+        positive = {
+            "attack_strong_enough": passed,
+            "reason": None if passed else "does not exceed the negative control",
+            "silenced": 1.0,
+            "reversibility": {
+                "regime": {"source": "forget"},
+                "sources": {"forget": {"forget_leak": recovered}, "retain": {"forget_leak": 0.0}},
+            },
+        }
+        negative = {"before": {"forget_leak": 0.0}, "relearned": {"forget_leak": learned}}
+        return {"positive": positive, "negative": negative}
+
+    out = controls_by_seed({42: checks(True, 1.0, 0.0), 1: checks(False, 2 / 3, 2 / 3)})
+    assert list(out) == ["42", "1"]
+    assert out["42"] == {
+        "positive_passed": True, "reason": None, "silenced": 1.0, "positive_relearned_leak": 1.0,
+        "negative_before_leak": 0.0, "negative_relearned_leak": 0.0,
+    }  # fmt: skip
+    assert out["1"]["positive_passed"] is False and "negative control" in out["1"]["reason"]
+    assert out["1"]["positive_relearned_leak"] == pytest.approx(2 / 3)
+    assert out["1"]["negative_relearned_leak"] == pytest.approx(2 / 3)
+
+
+def test_the_report_gives_each_seeds_controls_and_whether_it_reads_regimes():
+    from lacuna_unlearn.bench.report.tables import _control_note
+
+    entry = {
+        "positive_control": {"attack_strong_enough": True, "silenced": 1.0, "reversibility": {}},
+        "controls_by_seed": {
+            "42": {"positive_passed": True, "silenced": 1.0, "positive_relearned_leak": 1.0,
+                   "negative_before_leak": 0.0, "negative_relearned_leak": 0.0},
+            "1": {"positive_passed": False, "silenced": 1.0, "positive_relearned_leak": 2 / 3,
+                  "negative_before_leak": 0.0, "negative_relearned_leak": 2 / 3},
+        },
+    }  # fmt: skip
+    text = "\n".join(_control_note(entry))
+    assert "| seed | positive control silenced | its leak after relearning |" in text
+    rows = [line for line in text.splitlines() if line.startswith(("| 42 |", "| 1 |"))]
+    assert rows[0].endswith("| yes |") and rows[1].endswith("| no |") and "→" in rows[1]

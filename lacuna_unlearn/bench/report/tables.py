@@ -321,6 +321,20 @@ def _control_note(entry: dict[str, Any]) -> list[str]:
                   f"people it never saw, with the same relearning budget, leaks {_fraction(after)} of them after "
                   f"relearning ({_fraction(before)} before); a method is reversible only where its relearned leak "
                   "exceeds this beyond their interval.", ""]  # fmt: skip
+    by_seed = entry.get("controls_by_seed")
+    if by_seed:  # several unlearning seeds: each has its controls, and reads regimes only where they separate
+        lines += [
+            "| seed | positive control silenced | its leak after relearning | negative control: leak before → after "
+            "| regimes read |",
+            "|---|---|---|---|---|",
+            *(
+                f"| {s} | {_pct(c.get('silenced'))} | {_pct(c.get('positive_relearned_leak'))} "
+                f"| {_pct(c.get('negative_before_leak'))} → {_pct(c.get('negative_relearned_leak'))} "
+                f"| {'yes' if c.get('positive_passed') else 'no'} |"
+                for s, c in by_seed.items()
+            ),
+            "",
+        ]
     silenced = control.get("silenced")
     share = "" if silenced is None else f", silencing {silenced:.0%} of the forget facts"
     if control.get("attack_strong_enough"):
