@@ -82,10 +82,14 @@ def test_meta_smoke_writes_the_tables_plots_and_every_number_with_its_n(meta_run
 
 def test_a_second_meta_reuses_every_stage_and_gives_the_same_numbers(meta_run, tmp_path):
     first = json.loads((meta_run / "meta" / "meta.json").read_text())
-    proc = _lacuna("meta", str(meta_run), "--out", str(tmp_path / "again"), "--draws", "200", cwd=tmp_path)
+    proc = _lacuna(
+        "meta", str(meta_run), "--out", str(tmp_path / "again"), "--draws", "200", "--headline",
+        "leak_relearned_forget", cwd=tmp_path,
+    )  # fmt: skip
     assert ": running" not in proc.stderr + proc.stdout  # every stage cached
     again = json.loads((tmp_path / "again" / "meta.json").read_text())
     assert again["correlation"] == first["correlation"] and again["robustness"] == first["robustness"]
+    assert again["settings"]["headline"] == "leak_relearned_forget"  # the plots' outcome, not a number's
 
 
 def test_the_runs_own_release_tree_given_as_checkpoints_scores_what_the_run_scored(meta_run, tmp_path):

@@ -43,6 +43,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-diagnostics", action="store_true", help="no PCA/CKA/Fisher predictors")
     parser.add_argument("--quantize", default=None, help="bit widths of the quantization robustness, e.g. 8,4")
     parser.add_argument("--perturbations", type=int_at_least(1), default=None, help="faithfulness perturbations")
+    parser.add_argument(
+        "--headline", default=None, metavar="OUTCOME",
+        help="the outcome the scatter plots and the ranking chart show (default leak_relearned_retain; e.g. "
+        "leak_relearned_forget, success_at_n_relearned)",
+    )  # fmt: skip
     parser.add_argument("--draws", type=int_at_least(100), default=None, help="bootstrap draws per interval")
 
 
@@ -78,6 +83,7 @@ def run(args: argparse.Namespace) -> int:
         "perturbations": args.perturbations,
         "points": _points(args.points) if args.points is not None else None,
         "draws": args.draws,
+        "headline": args.headline,
     }
     settings = MetaSettings()
     if args.set and args.preset is None:

@@ -8,10 +8,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-__all__ = ["HEADLINE_OUTCOME", "meta_markdown", "write_meta_report"]
+from lacuna_unlearn.bench.meta.pool import HEADLINE_OUTCOME
 
-#: The outcome the plots and the ranking are drawn for (every outcome is in the tables).
-HEADLINE_OUTCOME = "leak_relearned_retain"
+__all__ = ["meta_markdown", "write_meta_report"]
 
 
 def _num(value: Any, digits: int = 2) -> str:
@@ -190,7 +189,8 @@ def write_meta_report(out: Path, meta: dict[str, Any]) -> list[Path]:
 
     written = [write_text(out / "meta.md", meta_markdown(meta))]
     plt = pyplot()
-    outcome = HEADLINE_OUTCOME if HEADLINE_OUTCOME in meta["outcomes"] else next(iter(meta["outcomes"]))
+    outcome = (meta.get("settings") or {}).get("headline") or HEADLINE_OUTCOME
+    outcome = outcome if outcome in meta["outcomes"] else next(iter(meta["outcomes"]))
     for predictor in meta["correlation"]:
         path = out / "plots" / f"scatter_{predictor}.png"
         _scatter(plt, path, meta, predictor, outcome)

@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from lacuna_unlearn.bench.meta.pool import NOISE_METHODS, OUTCOMES, PREDICTORS, PoolModel, pool_models
+from lacuna_unlearn.bench.meta.pool import HEADLINE_OUTCOME, NOISE_METHODS, OUTCOMES, PREDICTORS, PoolModel, pool_models
 from lacuna_unlearn.bench.meta.sources import (
     ExtraModel,
     check_points,
@@ -48,9 +48,13 @@ class MetaSettings:
     #: the stopping points of the first seed's methods in the pool (sources.POINTS): the chosen one always; ``end``
     #: adds the end of the schedule, ``snapshots`` every trajectory snapshot (each measured as a method is)
     points: tuple[str, ...] = ("chosen",)
+    #: the outcome the scatter plots and the ranking chart are drawn for (pool.OUTCOMES; the tables have them all)
+    headline: str = HEADLINE_OUTCOME
 
     def __post_init__(self) -> None:
         check_points(self.points, "meta.points")
+        if self.headline not in OUTCOMES:
+            raise ValueError(f"meta.headline: one of {', '.join(OUTCOMES)}, got {self.headline!r}")
 
 
 def load_meta_preset(name: str, overrides: Mapping[str, Any] | None = None) -> tuple[dict[str, Any], MetaSettings]:

@@ -142,3 +142,9 @@ def test_points_other_than_distinct_known_values_with_chosen_are_refused(points)
     with pytest.raises(ValueError, match=r"--points"):
         check_points(points, "--points")
     assert check_points(["chosen", "snapshots"], "--points") == ("chosen", "snapshots")
+
+
+def test_the_headline_outcome_must_be_an_outcome_of_the_pool():
+    assert MetaSettings(headline="leak_relearned_forget").headline == "leak_relearned_forget"
+    with pytest.raises(ValueError, match=r"meta.headline: one of leak_relearned_retain, .* got 'leak'"):
+        MetaSettings(headline="leak")
