@@ -16,7 +16,7 @@ from typing import Any
 
 from lacuna_unlearn.bench.metric_table import METRIC_TABLE
 
-__all__ = ["HEADLINE_OUTCOME", "NOISE_METHODS", "OUTCOMES", "PREDICTORS", "PoolModel", "pool_models"]
+__all__ = ["HEADLINE_OUTCOME", "NOISE_METHODS", "OUTCOMES", "PREDICTORS", "PoolModel", "pool_models", "run_seeds"]
 
 #: The method-free updates that enter the pool as noise controls (lacuna_unlearn/methods/method_free.py).
 NOISE_METHODS = ("null_gaussian", "null_weight_decay")
@@ -147,11 +147,16 @@ def _number(value: Any) -> float | None:
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
+def run_seeds(results: Mapping[str, Any]) -> list[int]:
+    """The unlearning seeds of a run, first seed first (``--seeds``, else its one ``seed``): the first seed's
+    entries are ``by_field.<field>.methods``."""
+    seeds = [int(s) for s in (_path(results, "manifest.config.seeds") or [])]
+    return seeds or [int(_path(results, "manifest.config.seed") or 0)]
+
+
 def pool_models(results: Mapping[str, Any]) -> list[PoolModel]:
     """Every method × field × seed of a run's results (module docstring), in field, seed, method order."""
-    seeds = [int(s) for s in (_path(results, "manifest.config.seeds") or [])] or [
-        int(_path(results, "manifest.config.seed") or 0)
-    ]
+    seeds = run_seeds(results)
     pool: list[PoolModel] = []
     for field_name, entry in (results.get("by_field") or {}).items():
         per_seed = {seeds[0]: entry.get("methods") or {}}

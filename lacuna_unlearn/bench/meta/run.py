@@ -16,7 +16,15 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from lacuna_unlearn.bench.meta.pool import HEADLINE_OUTCOME, NOISE_METHODS, OUTCOMES, PREDICTORS, PoolModel, pool_models
+from lacuna_unlearn.bench.meta.pool import (
+    HEADLINE_OUTCOME,
+    NOISE_METHODS,
+    OUTCOMES,
+    PREDICTORS,
+    PoolModel,
+    pool_models,
+    run_seeds,
+)
 from lacuna_unlearn.bench.meta.sources import (
     ExtraModel,
     check_points,
@@ -191,7 +199,7 @@ def run_meta(
     pool = pool_models(results)
     fields = list(results["by_field"])
     listed, skipped = read_checkpoints(checkpoints, fields) if checkpoints else ([], [])
-    first_seed = int((cfg.get("seeds") or [cfg["seed"]])[0])
+    first_seed = run_seeds(results)[0]
     extras = [_extra_model(x, first_seed) for x in listed]
     for m in [m for m in pool if m.seed == first_seed]:  # other stopping points: the first seed's methods
         extras += [
@@ -211,17 +219,17 @@ def run_meta(
         robust_models: list[dict[str, Any]] = []
         faith_pools: dict[str, list[dict[str, Any]]] = {"knows": [], "never_learned": []}
         noise_sizes: dict[str, Any] = {}
+        keys: dict[str, str] = {}  # a listed checkpoint's or snapshot's content key, hashed once
         for field in fields:
             ctx = field_context(cfg, testbed, tb_key, field)
             baseline = results["by_field"][field]["baseline"]
             people = int(((baseline.get("behaviour") or {}).get("n") or {}).get("forget_leak") or 1)
             for m in [m for m in extras if m.field == field]:
                 path = Path(m.model)
-                manifest = unlearn_manifest(path)
+                keys[m.model] = meta_stages.model_key(ctx, path)  # a content hash of the weights: once per model
                 m.entry = checkpoint_entry(
-                    stages, cfg, ctx, field, _label(m), path, meta_stages.model_key(ctx, path), m.seed, baseline,
-                    manifest,
-                )  # fmt: skip
+                    stages, cfg, ctx, field, _label(m), path, keys[m.model], m.seed, baseline, unlearn_manifest(path)
+                )
                 m.read()
                 pool.append(m)
             if settings.noise:
@@ -246,17 +254,18 @@ def run_meta(
             for m in [m for m in pool if m.field == field and m.seed == first_seed]:
                 model = Path(m.model)
                 label = _label(m)
+                key = keys.get(m.model) or meta_stages.model_key(ctx, model)
                 if m.predictors.get("l2") is not None:
                     m.predictors["relative_l2"] = m.predictors["l2"] / theta
                 if settings.diagnostics:
-                    m.predictors.update(meta_stages.diagnostics(stages, ctx, field, label, model))
+                    m.predictors.update(meta_stages.diagnostics(stages, ctx, field, label, model, key))
                 entry = {
                     "model": m.name,
                     "before": {k: (m.entry.get("behaviour") or {}).get(k) for k in meta_stages.FORGET_SIDE},
-                    "relearned": meta_stages.relearned_behaviour(stages, cfg, ctx, field, label, model, m.seed),
+                    "relearned": meta_stages.relearned_behaviour(stages, cfg, ctx, field, label, model, key, m.seed),
                     "reference": reference,
                     "quantized": {
-                        b: meta_stages.quantized_behaviour(stages, cfg, ctx, field, label, model, b)
+                        b: meta_stages.quantized_behaviour(stages, cfg, ctx, field, label, model, key, b)
                         for b in settings.quantize_bits
                     },
                     "noise": m.noise,

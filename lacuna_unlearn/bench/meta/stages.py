@@ -54,7 +54,8 @@ def forget_side_tasks(ctx: Mapping[str, Any], field: str) -> list[str]:
 
 def model_key(ctx: Mapping[str, Any], model: Path) -> str:
     """The content key of a model: the testbed's key for its own model, the key of the stage that wrote it, else
-    (a snapshot along a schedule, a checkpoint listed to ``lacuna meta``) its weights' content fingerprint."""
+    (a snapshot along a schedule, a checkpoint listed to ``lacuna meta``) its weights' content fingerprint, which
+    hashes every byte: compute it once per model and pass it on."""
     from lacuna_metrics import Checkpoint
 
     model = Path(model)
@@ -90,21 +91,19 @@ def noise_control(
 
 
 def relearned_behaviour(
-    stages: Stages, cfg: Mapping[str, Any], ctx: Mapping[str, Any], field: str, label: str, model: Path, seed: int
+    stages: Stages,
+    cfg: Mapping[str, Any],
+    ctx: Mapping[str, Any],
+    field: str,
+    label: str,
+    model: Path,
+    key: str,
+    seed: int,
 ) -> dict[str, float | None]:
-    """The forget-side metrics of ``model`` after restricted relearning from the forget rows (the run's relearning
-    stage, reused; only the evaluation is new)."""
+    """The forget-side metrics of ``model`` (content key ``key``, :func:`model_key`) after restricted relearning
+    from the forget rows (the run's relearning stage, reused; only the evaluation is new)."""
     rel = relearn_and_evaluate(
-        stages,
-        cfg,
-        ctx,
-        field,
-        label,
-        model,
-        model_key(ctx, model),
-        seed,
-        "forget",
-        tasks=forget_side_tasks(ctx, field),
+        stages, cfg, ctx, field, label, model, key, seed, "forget", tasks=forget_side_tasks(ctx, field)
     )
     return _values(rel)
 
@@ -123,13 +122,19 @@ def reference_relearning(
 
 
 def quantized_behaviour(
-    stages: Stages, cfg: Mapping[str, Any], ctx: Mapping[str, Any], field: str, label: str, model: Path, bits: int
+    stages: Stages,
+    cfg: Mapping[str, Any],
+    ctx: Mapping[str, Any],
+    field: str,
+    label: str,
+    model: Path,
+    key: str,
+    bits: int,
 ) -> dict[str, float | None]:
-    """The forget-side metrics of ``model`` quantized to ``bits`` bits (round-to-nearest per row, dequantized:
-    :func:`lacuna_metrics.quantize_checkpoint`)."""
+    """The forget-side metrics of ``model`` (content key ``key``) quantized to ``bits`` bits (round-to-nearest per
+    row, dequantized: :func:`lacuna_metrics.quantize_checkpoint`)."""
     from lacuna_metrics import quantize_checkpoint
 
-    key = model_key(ctx, model)
     q_stage = stages.get(
         "quantize", f"[{field}] quantize {label} to {bits} bits", {"model": key, "bits": bits},
         lambda tmp: quantize_checkpoint(model, tmp / "model", bits),
@@ -141,8 +146,10 @@ def quantized_behaviour(
     return _values(behaviour(evaluated, field, ctx["data"], persons))
 
 
-def diagnostics(stages: Stages, ctx: Mapping[str, Any], field: str, label: str, model: Path) -> dict[str, float | None]:
-    """Representation diagnostics of ``model`` against the testbed's model on the forget split's QA text (every
+def diagnostics(
+    stages: Stages, ctx: Mapping[str, Any], field: str, label: str, model: Path, key: str
+) -> dict[str, float | None]:
+    """Representation diagnostics of ``model`` (content key ``key``) against the testbed's model on the forget split's QA text (every
     field's rows, up to :data:`DIAGNOSE_TEXTS`): the mean
     PCA distance, the mean linear CKA over the transformer layers, and the Fisher shift (mean over layers of
     |log10 mean Fisher(updated) − log10 mean Fisher(reference)|) (docs/meta.md)."""
@@ -154,7 +161,7 @@ def diagnostics(stages: Stages, ctx: Mapping[str, Any], field: str, label: str, 
         diagnose_models(ctx["before"], [model], texts, out_dir=tmp)
 
     stage = stages.get(
-        "diagnose", f"[{field}] diagnose {label}", {"model": model_key(ctx, model), "reference": ctx["tb_key"],
+        "diagnose", f"[{field}] diagnose {label}", {"model": key, "reference": ctx["tb_key"],
         "texts": DIAGNOSE_TEXTS, "split": "forget, every field"}, build,
     )  # fmt: skip
     result = json.loads((stage / "diagnose.json").read_text())
