@@ -43,11 +43,12 @@ def _interval(ci: Any) -> str:
     return ""
 
 
-def _n(n: Any) -> str:
-    """`` (n=6)``, with :data:`FEW_MARK` after it below :data:`FEW_PERSONS` persons; nothing without a count."""
+def _n(n: Any, detail: str = "") -> str:
+    """`` (n=6)`` (``detail`` inside the parentheses, after the count), with :data:`FEW_MARK` after it below
+    :data:`FEW_PERSONS` persons; nothing without a count."""
     if not isinstance(n, int) or isinstance(n, bool):
         return ""
-    return f" (n={n}){FEW_MARK if n < FEW_PERSONS else ''}"
+    return f" (n={n}{detail}){FEW_MARK if n < FEW_PERSONS else ''}"
 
 
 def _rate(block: dict[str, Any], key: str) -> str:
@@ -415,11 +416,7 @@ def _seed_cell(entry: dict[str, Any]) -> str:
     """``mean ± sd (n=N; k per seed: 0, 1, 0)``: the spread over seeds and each seed's count, from which its exact
     interval follows (``results.json`` holds the intervals themselves)."""
     ks = [f"{float(ci['k']):g}" for ci in entry.get("cis") or []]
-    n = entry.get("people")
-    if not isinstance(n, int) or isinstance(n, bool):
-        return _mean_sd(entry)
-    counts = f"; k per seed: {', '.join(ks)}" if ks else ""
-    return f"{_mean_sd(entry)} (n={n}{counts}){FEW_MARK if n < FEW_PERSONS else ''}"
+    return _mean_sd(entry) + _n(entry.get("people"), f"; k per seed: {', '.join(ks)}" if ks else "")
 
 
 def _pooled_seed_table(rows: dict[str, Any]) -> list[str]:
